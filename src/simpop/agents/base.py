@@ -1,0 +1,91 @@
+"""The one interface every model sits behind: batched chat generation.
+
+A backend turns chats (lists of ``{"role", "content"}`` messages) or exact prompt token ids into
+generations. Rollouts of trainable seats use :meth:`Backend.generate_ids` so that token ids stay
+exactly as generated (no re-tokenisation of the history); everything else can use
+:meth:`Backend.generate`.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Protocol, runtime_checkable
+
+Message = dict[str, str]
+Chat = list[Message]
+
+
+@dataclass(frozen=True)
+class SamplingParams:
+    """Decoding settings for one batched call.
+
+    Attributes:
+        max_new_tokens: Upper bound on generated tokens per sample.
+        temperature: 0 means greedy decoding (the mode-collapsed setting); > 0 samples.
+        top_p: Nucleus sampling mass (1.0 disables it).
+        stop: Strings that end a generation; the stop string is not included in the text.
+        seed: Seed for this call's sampling; the same seed and inputs give the same outputs.
+        logprobs: Also return the log-probability of every generated token.
+    """
+
+    max_new_tokens: int = 128
+    temperature: float = 0.0
+    top_p: float = 1.0
+    stop: tuple[str, ...] = ()
+    seed: int | None = None
+    logprobs: bool = False
+
+    def __post_init__(self) -> None:
+        if self.max_new_tokens < 1:
+            raise ValueError(f"max_new_tokens must be >= 1, got {self.max_new_tokens}")
+        if self.temperature < 0:
+            raise ValueError(f"temperature must be >= 0 (0 = greedy), got {self.temperature}")
+        if not 0 < self.top_p <= 1:
+            raise ValueError(f"top_p must be in (0, 1], got {self.top_p}")
+
+    @property
+    def greedy(self) -> bool:
+        return self.temperature == 0
+
+
+@dataclass
+class Generation:
+    """One generated completion.
+
+    Attributes:
+        text: The decoded completion (without a trailing stop string).
+        token_ids: Completion token ids exactly as generated (empty if the backend cannot say).
+        prompt_ids: The prompt's token ids as the model saw them (empty if unknown).
+        logprobs: Per-token log-probabilities of ``token_ids`` when requested, else None.
+        finish_reason: ``"stop"`` (end of turn or a stop string) or ``"length"``.
+    """
+
+    text: str
+    token_ids: list[int] = field(default_factory=list)
+    prompt_ids: list[int] = field(default_factory=list)
+    logprobs: list[float] | None = None
+    finish_reason: str = "stop"
+
+
+@runtime_checkable
+class Backend(Protocol):
+    """Batched chat generation. ``name`` identifies the model (used in simulator specs and logs)."""
+
+    name: str
+
+    def generate(self, chats: list[Chat], params: SamplingParams) -> list[Generation]:
+        """Generate one completion for each chat, in one batched call where the engine allows."""
+        ...
+
+
+@runtime_checkable
+class TokenBackend(Backend, Protocol):
+    """A backend that exposes its tokenizer, for token-in/token-out multi-turn rollouts."""
+
+    def encode_chat(self, chat: Chat, add_generation_prompt: bool = True) -> list[int]:
+        """Token ids of ``chat`` rendered with the model's chat template."""
+        ...
+
+    def generate_ids(self, prompts: list[list[int]], params: SamplingParams) -> list[Generation]:
+        """Generate from exact prompt token ids (no re-tokenisation)."""
+        ...

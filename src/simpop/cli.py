@@ -1,0 +1,38 @@
+"""The ``simpop`` command.
+
+Each subcommand lives with the code it drives: a module that defines ``configure(parser)`` (add
+arguments to an ``argparse`` parser) and ``run(args) -> int``. Modules are imported only when their
+subcommand runs, so ``simpop envs`` stays fast.
+"""
+
+from __future__ import annotations
+
+import argparse
+import importlib
+import sys
+
+#: subcommand -> (module, one-line help). The module provides ``configure(parser)`` and ``run(args)``.
+COMMANDS: dict[str, tuple[str, str]] = {
+    "envs": ("simpop.envs.cli", "list the registered environment ids"),
+}
+
+
+def build_parser(argv: list[str]) -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(prog="simpop", description=__doc__.splitlines()[0])
+    sub = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
+    for name, (module, help_text) in COMMANDS.items():
+        p = sub.add_parser(name, help=help_text, description=help_text)
+        # Only the chosen subcommand's module is imported (its arguments are needed to parse).
+        if argv and argv[0] == name:
+            importlib.import_module(module).configure(p)
+    return parser
+
+
+def main(argv: list[str] | None = None) -> int:
+    argv = sys.argv[1:] if argv is None else argv
+    args = build_parser(argv).parse_args(argv)
+    return int(importlib.import_module(COMMANDS[args.command][0]).run(args) or 0)
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
