@@ -9,9 +9,12 @@ slot 0 of a batch of one, which is what the single-agent ``UserSeat`` view uses.
 from __future__ import annotations
 
 from abc import ABC, abstractmethod
-from typing import Any, Protocol, runtime_checkable
+from typing import TYPE_CHECKING, Any, Protocol, runtime_checkable
 
 import numpy as np
+
+if TYPE_CHECKING:
+    from simpop.simulators.spec import SimulatorSpec
 
 
 class Simulator(ABC):
@@ -45,6 +48,16 @@ class Simulator(ABC):
     def member(self, slot: int) -> "Simulator":
         """The concrete simulator driving ``slot`` (itself, except in populations)."""
         return self
+
+    @property
+    def spec(self) -> "SimulatorSpec":
+        """What this simulator is (kind, model, persona set, decoding), compared by held-out panels.
+
+        The default names the class as the model; simulators with parameters that matter override it.
+        """
+        from simpop.simulators.spec import SimulatorSpec
+
+        return SimulatorSpec(kind="custom", model=f"{type(self).__module__}.{type(self).__qualname__}")
 
 
 @runtime_checkable

@@ -1,0 +1,303 @@
+"""Populations of simulators, checkpoint pools of a trainable simulator, and held-out panels.
+
+- :class:`Population` is itself a :class:`Simulator`: at ``reset_batch`` every slot draws the member
+  that will drive it (with the slot's generator) by a sampling rule, and ``act_batch`` makes one call
+  per member. ``feedback`` records the policy's result against the member that drove the dialogue,
+  which the ``prioritised`` rule uses.
+- :class:`CheckpointPool` is a population of frozen snapshots of one trainable simulator, bounded in
+  size (the oldest leaves first) and sampled with more weight on recent snapshots.
+- :class:`Panel` is a named set of simulators that training never sees; it checks that it is
+  disjoint from the training simulators (see :meth:`Panel.check_disjoint` for the exact rule).
+"""
+
+from __future__ import annotations
+
+import copy
+from collections import deque
+from collections.abc import Iterator, Mapping, Sequence
+from dataclasses import dataclass, field
+from typing import Any, Protocol, runtime_checkable
+
+import numpy as np
+
+from simpop.simulators.base import Simulator
+from simpop.simulators.spec import SimulatorSpec
+
+RULES = ("uniform", "weighted", "prioritised")
+
+
+@dataclass
+class _Entry:
+    simulator: Simulator
+    weight: float
+    outcomes: deque = field(default_factory=deque)  # 1 = the policy failed, 0 = it succeeded
+
+
+class Population(Simulator):
+    """Weighted simulators and a rule for choosing one per dialogue.
+
+    Rules (probability of choosing member ``i``):
+
+    - ``uniform``: ``1 / K``.
+    - ``weighted``: ``w_i / sum(w)``.
+    - ``prioritised``: members the policy fails against more often are chosen more often. The
+      failure rate over the member's last ``window`` finished dialogues is smoothed with a Beta(1, 1)
+      prior, ``f_i = (failures + 1) / (n + 2)`` (0.5 before any feedback), then
+      ``q_i ∝ w_i * f_i`` is mixed with a floor so that no member starves:
+      ``p_i = min_probability + (1 - K * min_probability) * q_i``.
+
+    A dialogue counts as a failure when the policy's reward is ``<= failure_threshold``.
+
+    Args:
+        members: The simulators (distinct objects with distinct names).
+        weights: Non-negative member weights (default all 1).
+        rule: One of :data:`RULES`.
+        window: Finished dialogues remembered per member for ``prioritised``.
+        min_probability: Floor of every member's probability under ``prioritised`` (K * floor <= 1).
+        failure_threshold: Rewards at or below it are failures.
+        name: Name in logs.
+    """
+
+    def __init__(self, members: Sequence[Simulator], weights: Sequence[float] | None = None,
+                 rule: str = "uniform", *, window: int = 50, min_probability: float = 0.05,
+                 failure_threshold: float = 0.0, name: str = "population"):
+        if rule not in RULES:
+            raise ValueError(f"unknown population rule {rule!r}; choose one of {', '.join(RULES)}")
+        if window < 1:
+            raise ValueError(f"window must be >= 1, got {window}")
+        if min_probability < 0:
+            raise ValueError(f"min_probability must be >= 0, got {min_probability}")
+        if weights is not None and len(weights) != len(members):
+            raise ValueError(f"got {len(weights)} weights for {len(members)} members")
+        self.rule, self.window, self.min_probability = rule, window, min_probability
+        self.failure_threshold = failure_threshold
+        self.name = name
+        self._entries: list[_Entry] = []
+        self._slots: list[tuple[_Entry, int]] = []
+        for i, member in enumerate(members):
+            self.add(member, 1.0 if weights is None else weights[i])
+
+    def _check_floor(self, size: int) -> None:
+        if self.min_probability * size > 1:
+            raise ValueError(f"min_probability * members must be in [0, 1]; got {self.min_probability} * {size}; "
+                             f"lower min_probability")
+
+    # ----------------------------------------------------------------- members
+    @property
+    def members(self) -> list[Simulator]:
+        return [e.simulator for e in self._entries]
+
+    def add(self, simulator: Simulator, weight: float = 1.0) -> None:
+        """Add a member (distinct object, distinct name, non-negative weight)."""
+        if not np.isfinite(weight) or weight < 0:
+            raise ValueError(f"member weights must be finite and >= 0, got {weight} for {simulator.name!r}")
+        if any(e.simulator is simulator for e in self._entries):
+            raise ValueError(f"{simulator.name!r} is already a member; a simulator object can drive only one "
+                             f"set of slots (build a second one)")
+        if any(e.simulator.name == simulator.name for e in self._entries):
+            raise ValueError(f"two members are named {simulator.name!r}; give each member a unique name")
+        self._check_floor(len(self._entries) + 1)
+        self._entries.append(_Entry(simulator, float(weight), deque(maxlen=self.window)))
+
+    def failure_rates(self) -> list[float]:
+        """Smoothed failure rate of the policy against each member (see the class docstring)."""
+        return [(sum(e.outcomes) + 1) / (len(e.outcomes) + 2) for e in self._entries]
+
+    def probabilities(self) -> list[float]:
+        """Each member's probability of being chosen for a new dialogue under the rule."""
+        if not self._entries:
+            raise ValueError(f"population {self.name!r} has no members")
+        k = len(self._entries)
+        if self.rule == "uniform":
+            return [1.0 / k] * k
+        weights = np.array(self._weights(), dtype=float)
+        if self.rule == "prioritised":
+            weights = weights * np.array(self.failure_rates())
+        if weights.sum() <= 0:
+            raise ValueError(f"population {self.name!r}: every member weight is zero")
+        q = weights / weights.sum()
+        if self.rule == "prioritised":
+            q = self.min_probability + (1 - k * self.min_probability) * q
+        return list(q)
+
+    def _weights(self) -> list[float]:
+        return [e.weight for e in self._entries]
+
+    # ----------------------------------------------------------------- Simulator
+    def reset_batch(self, scenarios: list[Any], rngs: list[np.random.Generator]) -> None:
+        if len(scenarios) != len(rngs):
+            raise ValueError(f"reset_batch got {len(scenarios)} scenarios but {len(rngs)} generators")
+        p = self.probabilities()
+        chosen = [self._entries[int(rng.choice(len(p), p=p))] for rng in rngs]
+        self._slots = []
+        for entry in self._entries:
+            mine = [i for i, e in enumerate(chosen) if e is entry]
+            if mine:
+                entry.simulator.reset_batch([scenarios[i] for i in mine], [rngs[i] for i in mine])
+        counters = {id(e): 0 for e in self._entries}
+        for entry in chosen:
+            self._slots.append((entry, counters[id(entry)]))
+            counters[id(entry)] += 1
+
+    def act_batch(self, observations: list[Any], slots: list[int]) -> list[Any]:
+        actions: list[Any] = [None] * len(slots)
+        groups: dict[int, list[int]] = {}
+        for i, slot in enumerate(slots):
+            groups.setdefault(id(self._slot(slot)[0]), []).append(i)
+        for indices in groups.values():
+            entry = self._slot(slots[indices[0]])[0]
+            answers = entry.simulator.act_batch([observations[i] for i in indices],
+                                                [self._slot(slots[i])[1] for i in indices])
+            for i, answer in zip(indices, answers):
+                actions[i] = answer
+        return actions
+
+    def _slot(self, slot: int) -> tuple[_Entry, int]:
+        if not 0 <= slot < len(self._slots):
+            raise IndexError(f"slot {slot} was not started: reset_batch() started {len(self._slots)} slots")
+        return self._slots[slot]
+
+    def feedback(self, slots: list[int], rewards: list[float]) -> None:
+        for slot, reward in zip(slots, rewards):
+            entry, member_slot = self._slot(slot)
+            entry.outcomes.append(1 if reward <= self.failure_threshold else 0)
+            entry.simulator.feedback([member_slot], [reward])
+
+    def member(self, slot: int) -> Simulator:
+        entry, member_slot = self._slot(slot)
+        return entry.simulator.member(member_slot)
+
+    @property
+    def spec(self) -> SimulatorSpec:
+        leaves = leaf_simulators([self])
+        return SimulatorSpec("population", "+".join(sorted({s.spec.model for s in leaves})),
+                             "+".join(sorted({s.spec.personas for s in leaves})),
+                             extra={"rule": self.rule, "members": ",".join(s.name for s in self.members)})
+
+
+@runtime_checkable
+class Snapshottable(Protocol):
+    """A simulator that makes its own frozen copies (e.g. saving only its LoRA adapter)."""
+
+    def snapshot(self) -> Simulator:
+        """A frozen copy of the current parameters that later training does not change."""
+        ...
+
+
+class CheckpointPool(Population):
+    """A bounded pool of frozen snapshots of one trainable simulator, sampled toward recent ones.
+
+    The newest snapshot has weight 1, the one before ``recency``, then ``recency**2`` ... (``recency``
+    = 1 samples uniformly). When the pool is full, adding a snapshot drops the oldest.
+
+    Args:
+        max_size: Snapshots kept.
+        recency: Weight decay per step of age, in (0, 1].
+        name: Name in logs; snapshots are named ``<simulator name>@<step>``.
+    """
+
+    def __init__(self, max_size: int = 5, recency: float = 0.5, name: str = "pool"):
+        if max_size < 1:
+            raise ValueError(f"max_size must be >= 1, got {max_size}")
+        if not 0 < recency <= 1:
+            raise ValueError(f"recency must be in (0, 1], got {recency}")
+        super().__init__([], rule="weighted", min_probability=0.0, name=name)
+        self.max_size, self.recency = max_size, recency
+
+    def add_snapshot(self, simulator: Simulator, step: int) -> Simulator:
+        """Freeze ``simulator`` (its ``snapshot()``, else a deep copy) as of ``step`` and add it."""
+        frozen = simulator.snapshot() if isinstance(simulator, Snapshottable) else copy.deepcopy(simulator)
+        if frozen is simulator:
+            raise ValueError(f"{type(simulator).__name__}.snapshot() returned the simulator itself; "
+                             f"it must return a frozen copy")
+        frozen.name = f"{simulator.name}@{step}"
+        if len(self._entries) == self.max_size:
+            del self._entries[0]
+        self.add(frozen)
+        return frozen
+
+    def _weights(self) -> list[float]:
+        n = len(self._entries)
+        return [self.recency ** (n - 1 - i) for i in range(n)]
+
+
+def leaf_simulators(simulators: Sequence[Simulator]) -> list[Simulator]:
+    """The concrete simulators inside ``simulators``, populations (and pools) expanded recursively."""
+    leaves: list[Simulator] = []
+    for s in simulators:
+        leaves.extend(leaf_simulators(s.members) if isinstance(s, Population) else [s])
+    return leaves
+
+
+class PanelOverlapError(ValueError):
+    """A held-out panel member is not held out from training (see :meth:`Panel.check_disjoint`)."""
+
+
+class Panel:
+    """A named set of held-out simulators: the ones training never sees.
+
+    Args:
+        members: Simulators (named by their ``name``) or a name -> simulator mapping.
+        name: The panel's name in reports.
+        training: If given, :meth:`check_disjoint` runs at construction.
+    """
+
+    def __init__(self, members: Sequence[Simulator] | Mapping[str, Simulator], name: str = "heldout",
+                 training: Population | Sequence[Simulator] | None = None):
+        items = dict(members) if isinstance(members, Mapping) else {m.name: m for m in members}
+        if not isinstance(members, Mapping) and len(items) != len(members):
+            raise ValueError("panel members need distinct names")
+        if not items:
+            raise ValueError(f"panel {name!r} has no members")
+        self.name = name
+        self.members: dict[str, Simulator] = items
+        if training is not None:
+            self.check_disjoint(training)
+
+    def __iter__(self) -> Iterator[tuple[str, Simulator]]:
+        return iter(self.members.items())
+
+    def __len__(self) -> int:
+        return len(self.members)
+
+    def __getitem__(self, name: str) -> Simulator:
+        return self.members[name]
+
+    def check_disjoint(self, training: Population | Sequence[Simulator]) -> None:
+        """Raise :class:`PanelOverlapError` unless every panel member is held out from training.
+
+        Populations on either side are expanded to their concrete members. A panel member ``P`` is
+        held out from the training simulators ``T_1..T_n`` when all of these hold:
+
+        1. **not trained on**: ``P`` is none of the ``T_j`` (the same object) and no ``T_j`` has a spec
+           equal to ``P``'s (the same simulator built twice);
+        2. **persona**: ``P.spec.personas`` differs from every ``T_j.spec.personas``;
+        3. **decoding**: ``P.spec.decoding`` differs from every ``T_j.spec.decoding`` (exact equality of
+           all decoding settings counts as shared);
+        4. **model**: ``P.spec.model`` is not the model of every ``T_j`` (with one training model, ``P``
+           must use another; when training mixes models, ``P`` may share one of them).
+        """
+        train = leaf_simulators(list(training.members) if isinstance(training, Population) else list(training))
+        if not train:
+            raise PanelOverlapError("no training simulators to check the panel against")
+        problems = []
+        for label, simulator in self.members.items():
+            for p in leaf_simulators([simulator]):
+                ps = p.spec
+                for t in train:
+                    ts = t.spec
+                    if p is t or ps == ts:
+                        problems.append(f"{label}: {p.name!r} is also a training simulator ({t.name!r})")
+                        continue
+                    if ps.personas == ts.personas:
+                        problems.append(f"{label}: {p.name!r} shares persona set {ps.personas!r} with training "
+                                        f"simulator {t.name!r}")
+                    if ps.decoding == ts.decoding:
+                        problems.append(f"{label}: {p.name!r} shares decoding settings {dict(ps.decoding)} with "
+                                        f"training simulator {t.name!r}")
+                if all(ps.model == t.spec.model for t in train):
+                    problems.append(f"{label}: {p.name!r} uses model {ps.model!r}, the model of every training "
+                                    f"simulator")
+        if problems:
+            raise PanelOverlapError(f"panel {self.name!r} is not held out from training:\n  " + "\n  ".join(problems)
+                                    + "\nGive held-out simulators another persona set, decoding and model.")

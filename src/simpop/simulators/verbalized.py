@@ -1,0 +1,377 @@
+"""The verbalized-sampling simulator: the model states a distribution over its next replies.
+
+Instead of sampling one reply (which a mode-collapsed model answers the same way every time), the
+simulator asks the backend for ``k`` candidate replies with probabilities, as JSON::
+
+    {"responses": [{"text": "...", "probability": 0.4}, ...]}
+
+parses the answer robustly (:func:`parse_verbalized`), renormalises it with a probability floor and a
+temperature (:func:`renormalise`: ``p ∝ max(p, floor) ** (1 / tau)``) and samples one candidate with
+the slot's generator. When the answer is unusable (nothing parses into a non-empty reply), the slot
+falls back to ordinary sampling from the backend (``fallback_temperature``, default 1) with the plain
+persona prompt; fallbacks are counted in ``stats["fallbacks"]`` out of ``stats["calls"]``
+(:attr:`VerbalizedSimulator.fallback_rate`).
+"""
+
+from __future__ import annotations
+
+import ast
+import dataclasses
+import json
+import math
+import re
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+import numpy as np
+
+from simpop.agents.base import Backend, SamplingParams
+from simpop.simulators.llm import FALLBACK_REPLY, LLMSimulator
+from simpop.simulators.spec import SimulatorSpec
+
+#: Appended to the scenario's user instructions; ``{k}`` is the number of candidates.
+VERBALIZED_INSTRUCTIONS = """
+
+Before you reply, think of {k} different replies you could give next (as different as real people \
+would be) and how likely you would be to give each one. Answer with JSON only, exactly in this format:
+{{"responses": [{{"text": "<a reply>", "probability": <a number between 0 and 1>}}, ...]}}
+Give {k} responses whose probabilities sum to 1. Each text is the whole message you would send."""
+
+_TEXT_KEYS = ("text", "response", "reply", "content", "message", "utterance")
+_PROB_KEYS = ("probability", "prob", "p", "confidence", "likelihood", "weight")
+_FENCE = re.compile(r"```[a-zA-Z]*\s*(.*?)(?:```|$)", re.S)
+_TRAILING_COMMA = re.compile(r",\s*([}\]])")
+_FLAT_OBJECT = re.compile(r"\{[^{}]*\}")
+
+
+@dataclass
+class ParseResult:
+    """A parsed verbalized answer.
+
+    Attributes:
+        candidates: ``(text, probability)`` pairs, texts non-empty and distinct, probabilities the
+            stated ones normalised to sum to one (empty when :attr:`error` is set).
+        error: Why nothing usable was found, or None.
+        repairs: What had to be fixed, with counts (``code_fence``, ``surrounding_text``, ``relaxed_syntax``,
+            ``salvaged_objects``, ``dropped_items``, ``imputed_probabilities``, ``merged_duplicates``,
+            ``truncated_to_k``, ``rescaled``).
+    """
+
+    candidates: list[tuple[str, float]] = field(default_factory=list)
+    error: str | None = None
+    repairs: dict[str, int] = field(default_factory=dict)
+
+    @property
+    def ok(self) -> bool:
+        return self.error is None
+
+
+def parse_verbalized(text: str, k: int) -> ParseResult:
+    """Parse a model's verbalized distribution; never raises on any input string.
+
+    Accepted, in order of preference: JSON; the same inside a code fence or surrounded by prose;
+    Python-literal syntax (single quotes, trailing commas, True/None); the complete ``{...}`` objects of
+    a truncated answer. The candidate list is the ``responses`` value, else the first list value of
+    the object, else a bare list. Items may be objects (text under ``text``/``response``/``reply``/...,
+    probability under ``probability``/``prob``/``p``/...) or bare strings.
+
+    Fixes: items whose text is missing, not a string or blank are dropped; a probability that is
+    missing, non-numeric, negative, NaN or infinite is imputed as the mean of the valid ones (uniform
+    when none is valid or all are zero); ``"30%"`` is 0.3; duplicates (same text up to whitespace and
+    case) are merged by adding their probabilities; more than ``k`` candidates keep the ``k`` most
+    probable, in the model's order (fewer than ``k`` are kept as they are); probabilities are
+    normalised to sum to one.
+    """
+    if k < 1:
+        raise ValueError(f"k must be >= 1, got {k}")
+    repairs: dict[str, int] = {}
+    if not isinstance(text, str):
+        return ParseResult(error=f"expected text, got {type(text).__name__}")
+    items = _items(_load(text, repairs))
+    if items is None:
+        items = _salvage(text, repairs)
+    if not items:
+        return ParseResult(error="no candidate list found" if items is None else "empty candidate list",
+                           repairs=repairs)
+
+    pairs: list[tuple[str, float | None]] = []
+    for item in items:
+        pair = _item(item)
+        if pair is None:
+            _bump(repairs, "dropped_items")
+        else:
+            pairs.append(pair)
+    if not pairs:
+        return ParseResult(error="no candidate has a non-empty text", repairs=repairs)
+
+    valid = [p for _, p in pairs if p is not None]
+    missing = len(pairs) - len(valid)
+    if missing:
+        _bump(repairs, "imputed_probabilities", missing)
+    scale = max(valid, default=0.0)
+    if scale == 0.0:  # no usable probability: every candidate equally likely
+        probs = [1.0] * len(pairs)
+    else:
+        # Divide by the largest first so that huge stated values cannot overflow the sum.
+        scaled = [p / scale for p in valid]
+        mean = sum(scaled) / len(scaled)
+        probs = [p / scale if p is not None else mean for _, p in pairs]
+
+    merged: dict[str, list[Any]] = {}
+    for (candidate, _), p in zip(pairs, probs):
+        key = " ".join(candidate.split()).casefold()
+        if key in merged:
+            merged[key][1] += p
+            _bump(repairs, "merged_duplicates")
+        else:
+            merged[key] = [candidate.strip(), p]
+    ranked = list(merged.values())
+    if len(ranked) > k:
+        _bump(repairs, "truncated_to_k", len(ranked) - k)
+        keep = sorted(sorted(range(len(ranked)), key=lambda i: -ranked[i][1])[:k])  # ties: the earlier one
+        ranked = [ranked[i] for i in keep]
+    total = sum(p for _, p in ranked)
+    if total == 0.0:
+        ranked = [[c, 1.0] for c, _ in ranked]
+        total = float(len(ranked))
+    stated = sum(valid)
+    if not missing and not math.isclose(stated, 1.0, abs_tol=0.01):
+        _bump(repairs, "rescaled")
+    return ParseResult([(c, p / total) for c, p in ranked], None, repairs)
+
+
+def renormalise(probabilities: Sequence[float], floor: float, tau: float) -> list[float]:
+    """``p ∝ max(p, floor) ** (1 / tau)``, computed in log space so small ``tau`` cannot underflow.
+
+    Args:
+        probabilities: Non-negative, not all zero (they are normalised first).
+        floor: Minimum probability before tempering, in [0, 1): keeps unlikely candidates alive.
+        tau: Temperature > 0: 1 keeps the stated shape, < 1 sharpens it, > 1 flattens it.
+    """
+    if not 0 <= floor < 1:
+        raise ValueError(f"floor must be in [0, 1), got {floor}")
+    if tau <= 0:
+        raise ValueError(f"tau must be > 0, got {tau}")
+    p = np.asarray(probabilities, dtype=float)
+    if p.size == 0 or (p < 0).any() or not np.isfinite(p).all() or p.sum() <= 0:
+        raise ValueError(f"probabilities must be finite, non-negative and not all zero, got {list(p)}")
+    p = np.maximum(p / p.sum(), floor)
+    with np.errstate(divide="ignore"):
+        logits = np.log(p) / tau
+    q = np.exp(logits - logits.max())
+    return [float(x) for x in q / q.sum()]
+
+
+def _bump(repairs: dict[str, int], key: str, n: int = 1) -> None:
+    repairs[key] = repairs.get(key, 0) + n
+
+
+def _load(text: str, repairs: dict[str, int]) -> Any:
+    """The JSON (or Python literal) value in ``text``, or None."""
+    body = text.strip()
+    fence = _FENCE.search(body)
+    if fence:
+        _bump(repairs, "code_fence")
+        body = fence.group(1).strip()
+    starts = [i for i in (body.find("{"), body.find("[")) if i >= 0]
+    if not starts:
+        return None
+    start = min(starts)
+    end = max(body.rfind("}"), body.rfind("]")) + 1
+    if end <= start:
+        return None
+    if start > 0 or end < len(body):
+        _bump(repairs, "surrounding_text")
+    body = body[start:end]
+    try:
+        return json.loads(body)
+    except (ValueError, RecursionError):
+        pass
+    relaxed = _TRAILING_COMMA.sub(r"\1", body)
+    for attempt in (lambda: json.loads(relaxed), lambda: ast.literal_eval(_pythonish(relaxed))):
+        try:
+            value = attempt()
+        except (ValueError, TypeError, SyntaxError, MemoryError, RecursionError):
+            continue
+        _bump(repairs, "relaxed_syntax")
+        return value
+    return None
+
+
+def _pythonish(text: str) -> str:
+    """JSON's literals spelled as Python's, for ``ast.literal_eval`` (quoted text is left alone)."""
+    parts = re.split(r"""("(?:[^"\\]|\\.)*"|'(?:[^'\\]|\\.)*')""", text)
+    table = {"true": "True", "false": "False", "null": "None"}
+    for i in range(0, len(parts), 2):
+        parts[i] = re.sub(r"\b(true|false|null)\b", lambda m: table[m.group(1)], parts[i])
+    return "".join(parts)
+
+
+def _items(value: Any) -> list[Any] | None:
+    """The candidate list inside a parsed value, or None if there is none."""
+    if isinstance(value, list):
+        return value
+    if not isinstance(value, dict):
+        return None
+    lowered = {str(key).casefold(): v for key, v in value.items()}
+    if isinstance(lowered.get("responses"), list):
+        return lowered["responses"]
+    for v in value.values():
+        if isinstance(v, list):
+            return v
+    if _item(value) is not None:  # a single candidate object
+        return [value]
+    return None
+
+
+def _salvage(text: str, repairs: dict[str, int]) -> list[Any] | None:
+    """Complete flat ``{...}`` candidate objects in otherwise unparsable (e.g. truncated) text."""
+    found = []
+    for match in _FLAT_OBJECT.finditer(text):
+        chunk = _TRAILING_COMMA.sub(r"\1", match.group(0))
+        for attempt in (lambda: json.loads(chunk), lambda: ast.literal_eval(_pythonish(chunk))):
+            try:
+                value = attempt()
+            except (ValueError, TypeError, SyntaxError, MemoryError, RecursionError):
+                continue
+            if isinstance(value, dict) and _item(value) is not None:
+                found.append(value)
+            break
+    if not found:
+        return None
+    _bump(repairs, "salvaged_objects", len(found))
+    return found
+
+
+def _item(item: Any) -> tuple[str, float | None] | None:
+    """``(text, probability or None)`` of one candidate, or None if it has no usable text."""
+    if isinstance(item, str):
+        return (item, None) if item.strip() else None
+    if not isinstance(item, dict):
+        return None
+    lowered = {str(key).casefold(): v for key, v in item.items()}
+    text = next((lowered[key] for key in _TEXT_KEYS if key in lowered), None)
+    if not isinstance(text, str) or not text.strip():
+        return None
+    raw = next((lowered[key] for key in _PROB_KEYS if key in lowered), None)
+    return text, _probability(raw)
+
+
+def _probability(raw: Any) -> float | None:
+    if isinstance(raw, bool):
+        return None
+    if isinstance(raw, str):
+        s = raw.strip()
+        percent = s.endswith("%")
+        try:
+            value = float(s.rstrip("%").strip()) / (100.0 if percent else 1.0)
+        except ValueError:
+            return None
+    elif isinstance(raw, (int, float)):
+        try:
+            value = float(raw)
+        except OverflowError:  # an int too large for a float
+            return None
+    else:
+        return None
+    return value if math.isfinite(value) and value >= 0 else None
+
+
+class VerbalizedSimulator(LLMSimulator):
+    """Verbalized sampling in the user seat.
+
+    Args:
+        backend: The model.
+        k: Candidates asked for.
+        tau: Temperature of the renormalisation (see :func:`renormalise`).
+        floor: Probability floor of the renormalisation.
+        params: Decoding settings of the verbalized call (default greedy, 256 new tokens: the
+            diversity comes from sampling among the stated candidates).
+        fallback_temperature: Temperature of the plain sampling used when the answer is unusable.
+        fallback_max_new_tokens: Token budget of a fallback reply.
+        name, personas, persona_set, fallback_reply: As for :class:`LLMSimulator`.
+
+    Attributes:
+        stats: ``calls`` (verbalized answers requested), ``fallbacks``, ``repair:<name>`` (summed
+            :attr:`ParseResult.repairs`), and :class:`LLMSimulator`'s counters.
+    """
+
+    kind = "verbalized"
+
+    def __init__(self, backend: Backend, k: int = 5, tau: float = 1.0, floor: float = 0.01,
+                 params: SamplingParams | None = None, *, fallback_temperature: float = 1.0,
+                 fallback_max_new_tokens: int = 64, name: str | None = None,
+                 personas: Sequence[Any] | None = None, persona_set: str | None = None,
+                 fallback_reply: str = FALLBACK_REPLY):
+        if k < 1:
+            raise ValueError(f"k must be >= 1, got {k}")
+        renormalise([1.0], floor, tau)  # validates floor and tau with their own messages
+        super().__init__(backend, params or SamplingParams(max_new_tokens=256), name=name, personas=personas,
+                         persona_set=persona_set, fallback_reply=fallback_reply)
+        self.k, self.tau, self.floor = k, tau, floor
+        self.fallback_params = SamplingParams(max_new_tokens=fallback_max_new_tokens,
+                                              temperature=fallback_temperature)
+        self.suffix = VERBALIZED_INSTRUCTIONS.format(k=k)
+        self.stats.update({"calls": 0, "fallbacks": 0})
+
+    @classmethod
+    def from_spec(cls, spec: SimulatorSpec, backend: Backend, personas: list[Any] | None) -> VerbalizedSimulator:
+        d, e = dict(spec.decoding), dict(spec.extra)
+        params = SamplingParams(max_new_tokens=d["max_new_tokens"], temperature=d["temperature"], top_p=d["top_p"])
+        return cls(backend, d["k"], d["tau"], d["floor"], params, fallback_temperature=e["fallback_temperature"],
+                   personas=personas, persona_set=spec.personas)
+
+    @property
+    def spec(self) -> SimulatorSpec:
+        decoding = {**self._decoding(), "k": self.k, "tau": float(self.tau), "floor": float(self.floor)}
+        return SimulatorSpec(self.kind, self.backend.name, self.persona_set, decoding,
+                             {"fallback_temperature": float(self.fallback_params.temperature)})
+
+    @property
+    def fallback_rate(self) -> float:
+        """Fallbacks per verbalized answer so far (0 before the first)."""
+        return self.stats["fallbacks"] / self.stats["calls"] if self.stats["calls"] else 0.0
+
+    def parse(self, observations: list[str], slots: list[int]) -> list[ParseResult]:
+        """Ask for the verbalized answers of ``slots`` (one backend call) and parse them."""
+        chats = [self.chat(obs, slot, self.suffix) for obs, slot in zip(observations, slots)]
+        texts = self.raw_generate(chats, dataclasses.replace(self.params, seed=self.call_seed(slots)))
+        results = [parse_verbalized(t, self.k) for t in texts]
+        self.stats["calls"] += len(results)
+        self.stats["fallbacks"] += sum(not r.ok for r in results)
+        for r in results:
+            for key, n in r.repairs.items():
+                self.stats[f"repair:{key}"] = self.stats.get(f"repair:{key}", 0) + n
+        return results
+
+    def act_batch(self, observations: list[Any], slots: list[int]) -> list[str]:
+        results = self.parse(observations, slots)
+        replies: list[str | None] = [None] * len(slots)
+        for i, (result, slot) in enumerate(zip(results, slots)):
+            if result.ok:
+                texts, probs = zip(*result.candidates)
+                p = renormalise(probs, self.floor, self.tau)
+                replies[i] = texts[int(self._rngs[slot].choice(len(texts), p=p))]
+        failed = [i for i, r in enumerate(replies) if r is None]
+        plain = [self.chat(observations[i], slots[i]) for i in failed]
+        for i, text in zip(failed, self.generate(plain, [slots[i] for i in failed], self.fallback_params)):
+            replies[i] = text
+        self.stats["replies"] += len(slots) - len(failed)
+        return [r for r in replies if r is not None]
+
+    def distribution(self, observation: Any, slot: int = 0) -> list[tuple[str, float]]:
+        """The renormalised candidates for ``slot``'s observation.
+
+        On an unusable answer (counted as a fallback), the empirical distribution of ``k`` plain
+        samples at the fallback temperature, with duplicates merged.
+        """
+        result = self.parse([observation], [slot])[0]
+        if result.ok:
+            texts, probs = zip(*result.candidates)
+            return list(zip(texts, renormalise(probs, self.floor, self.tau)))
+        samples = self.generate([self.chat(observation, slot)] * self.k, [slot] * self.k, self.fallback_params)
+        counts: dict[str, int] = {}
+        for s in samples:
+            counts[s] = counts.get(s, 0) + 1
+        return [(text, n / len(samples)) for text, n in counts.items()]
