@@ -1,0 +1,173 @@
+"""Scalar metrics and the per-step metrics log.
+
+``success_rate`` and ``mean_ci`` summarise episodes; ``categorical_entropy`` and
+``mean_token_entropy`` are the policy-entropy diagnostics (DESIGN.md §3 Evaluation);
+:class:`MetricsLogger` writes ``metrics.jsonl`` (one JSON object per step) and, when TensorBoard is
+installed, the same scalars as TensorBoard events.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+from collections.abc import Iterable, Sequence
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+#: Metric keys that measure wall-clock speed; they differ between otherwise identical runs.
+WALL_CLOCK_KEYS = frozenset({"tokens_per_s", "steps_per_s", "time_s", "rollout_s", "update_s",
+                             "model_time_frac"})
+
+
+def success_rate(successes: Iterable[bool | float]) -> float:
+    """Fraction of successful episodes (NaN for none)."""
+    values = [float(s) for s in successes]
+    return float(np.mean(values)) if values else math.nan
+
+
+def mean_ci(values: Sequence[float], level: float = 0.95) -> tuple[float, float, float]:
+    """Mean and two-sided Student-t confidence interval ``(mean, lo, hi)``.
+
+    With one value the interval is that value itself (no spread can be estimated); with none,
+    all three are NaN.
+    """
+    if not 0 < level < 1:
+        raise ValueError(f"level must be in (0, 1), e.g. 0.95; got {level}")
+    x = np.asarray(values, dtype=float)
+    if x.size == 0:
+        return math.nan, math.nan, math.nan
+    mean = float(x.mean())
+    if x.size == 1:
+        return mean, mean, mean
+    half = student_t_quantile(0.5 + level / 2, df=x.size - 1) * float(x.std(ddof=1)) / math.sqrt(x.size)
+    return mean, mean - half, mean + half
+
+
+def student_t_quantile(q: float, df: int) -> float:
+    """The ``q`` quantile of Student's t with ``df`` degrees of freedom (``q`` in (0.5, 1)).
+
+    Bisection on the CDF, written out so that confidence intervals need no scipy.
+    """
+    if not 0.5 < q < 1 or df < 1:
+        raise ValueError(f"need 0.5 < q < 1 and df >= 1, got q={q}, df={df}")
+    lo, hi = 0.0, 1.0
+    while _t_cdf(hi, df) < q:
+        hi *= 2
+    for _ in range(100):
+        mid = (lo + hi) / 2
+        lo, hi = (mid, hi) if _t_cdf(mid, df) < q else (lo, mid)
+    return (lo + hi) / 2
+
+
+def _t_cdf(t: float, df: int) -> float:
+    """CDF of Student's t at ``t >= 0``: ``1 - I_x(df/2, 1/2) / 2`` with ``x = df / (df + t^2)``."""
+    return 1.0 - 0.5 * _betainc(df / 2, 0.5, df / (df + t * t))
+
+
+def _betainc(a: float, b: float, x: float) -> float:
+    """Regularised incomplete beta ``I_x(a, b)`` by Lentz's continued fraction."""
+    if x <= 0:
+        return 0.0
+    if x >= 1:
+        return 1.0
+    if x > (a + 1) / (a + b + 2):  # the fraction converges fast only below this point
+        return 1.0 - _betainc(b, a, 1.0 - x)
+    log_front = math.lgamma(a + b) - math.lgamma(a) - math.lgamma(b) + a * math.log(x) + b * math.log1p(-x)
+    tiny = 1e-300
+    c, d = 1.0, 1.0 - (a + b) * x / (a + 1)
+    d = 1.0 / (d if abs(d) > tiny else tiny)
+    f = d
+    for m in range(1, 300):
+        for numerator in (m * (b - m) * x / ((a + 2 * m - 1) * (a + 2 * m)),
+                          -(a + m) * (a + b + m) * x / ((a + 2 * m) * (a + 2 * m + 1))):
+            d = 1.0 + numerator * d
+            d = 1.0 / (d if abs(d) > tiny else tiny)
+            c = 1.0 + numerator / c
+            c = c if abs(c) > tiny else tiny
+            f *= c * d
+        if abs(c * d - 1.0) < 1e-15:
+            break
+    return math.exp(log_front) * f / a
+
+
+def categorical_entropy(probs: np.ndarray) -> np.ndarray:
+    """Entropy (nats) of each row of a probability matrix (``0 log 0 = 0``)."""
+    p = np.asarray(probs, dtype=float)
+    with np.errstate(divide="ignore", invalid="ignore"):
+        terms = np.where(p > 0, -p * np.log(p), 0.0)
+    return terms.sum(axis=-1)
+
+
+def mean_token_entropy(entropies: Sequence[float], mask: Sequence[int]) -> float:
+    """Mean per-token entropy over the positions where ``mask`` is 1 (the policy's own tokens)."""
+    e, m = np.asarray(entropies, dtype=float), np.asarray(mask, dtype=bool)
+    if e.shape != m.shape:
+        raise ValueError(f"entropies {e.shape} and mask {m.shape} must have the same shape")
+    return float(e[m].mean()) if m.any() else math.nan
+
+
+class MetricsLogger:
+    """Append one JSON object per step to ``run_dir/metrics.jsonl`` (and TensorBoard scalars).
+
+    Args:
+        run_dir: The run folder (created if missing).
+        resume_step: When resuming from a checkpoint taken after step ``k``, pass ``k``: lines of
+            later steps (written after that checkpoint by the run that died) are dropped so the log
+            continues exactly as an uninterrupted run would have written it. ``None`` starts a
+            fresh log (an existing one is truncated).
+        tensorboard: Also write TensorBoard events under ``run_dir/tb`` when TensorBoard is
+            installed (``pip install tensorboard``); silently off when it is not.
+    """
+
+    def __init__(self, run_dir: str | Path, resume_step: int | None = None, tensorboard: bool = True):
+        self.run_dir = Path(run_dir)
+        self.run_dir.mkdir(parents=True, exist_ok=True)
+        self.path = self.run_dir / "metrics.jsonl"
+        kept: list[str] = []
+        if resume_step is not None and self.path.exists():
+            for line in self.path.read_text().splitlines():
+                # A half-written last line (killed mid-write) is dropped with the later steps.
+                try:
+                    record = json.loads(line)
+                except json.JSONDecodeError:
+                    continue
+                if record.get("step", math.inf) <= resume_step:
+                    kept.append(line)
+        self.path.write_text("".join(line + "\n" for line in kept))
+        self._writer = _tensorboard_writer(self.run_dir / "tb") if tensorboard else None
+
+    def log(self, step: int, metrics: dict[str, Any]) -> None:
+        """Write ``{"step": step, **metrics}`` as one line; numeric values also go to TensorBoard."""
+        record = {"step": int(step), **{k: _plain(v) for k, v in metrics.items()}}
+        with self.path.open("a") as f:
+            f.write(json.dumps(record, sort_keys=True) + "\n")
+            f.flush()
+        if self._writer is not None:
+            for key, value in record.items():
+                if key != "step" and isinstance(value, (int, float)) and not isinstance(value, bool):
+                    self._writer.add_scalar(key, value, step)
+            self._writer.flush()
+
+    def read(self) -> list[dict[str, Any]]:
+        """Every record written so far."""
+        return [json.loads(line) for line in self.path.read_text().splitlines() if line]
+
+    def close(self) -> None:
+        if self._writer is not None:
+            self._writer.close()
+            self._writer = None
+
+
+def _plain(value: Any) -> Any:
+    """Numpy scalars -> Python numbers so that ``json`` can write them."""
+    return value.item() if isinstance(value, np.generic) else value
+
+
+def _tensorboard_writer(log_dir: Path):
+    try:
+        from torch.utils.tensorboard import SummaryWriter
+    except ImportError:  # tensorboard not installed: metrics.jsonl alone
+        return None
+    return SummaryWriter(log_dir=str(log_dir))

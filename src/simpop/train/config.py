@@ -1,0 +1,149 @@
+"""Trainer configs as frozen dataclasses, and the command-line flags generated from them.
+
+A trainer config documents every field in its class docstring's Google-style ``Attributes:`` section;
+:func:`add_arguments` turns each field into a ``--flag`` (type, default and help from that
+documentation), and :func:`build` makes the config from a YAML file plus the flags the user gave
+(flags win; fields given nowhere keep the dataclass default)::
+
+    parser = argparse.ArgumentParser()
+    add_arguments(parser, GRPOConfig)
+    args = parser.parse_args()
+    config = build(GRPOConfig, args, yaml_path=args.config)
+"""
+
+from __future__ import annotations
+
+import argparse
+import dataclasses
+import inspect
+import re
+import types
+import typing
+from pathlib import Path
+from typing import Any, Literal, TypeVar
+
+T = TypeVar("T")
+
+
+def field_docs(cls: type) -> dict[str, str]:
+    """``{field: description}`` from the ``Attributes:`` section of ``cls``'s docstring.
+
+    Raises:
+        ValueError: If a dataclass field is not documented (every config field must say what it does).
+    """
+    doc = inspect.getdoc(cls) or ""
+    docs: dict[str, str] = {}
+    in_section, current = False, None
+    for line in doc.splitlines():
+        if line.strip() == "Attributes:":
+            in_section = True
+            continue
+        if not in_section:
+            continue
+        if line and not line.startswith(" "):  # the next section (or text) ends Attributes:
+            break
+        match = re.match(r"^ {4}(\w+)(?: \([^)]*\))?:\s*(.*)$", line)
+        if match:
+            current = match.group(1)
+            docs[current] = match.group(2).strip()
+        elif current and line.strip():
+            docs[current] += " " + line.strip()
+    missing = [f.name for f in dataclasses.fields(cls) if f.name not in docs]
+    if missing:
+        raise ValueError(f"{cls.__name__} must document {missing} in its docstring's Attributes: section")
+    return docs
+
+
+def add_arguments(parser: argparse.ArgumentParser, cls: type, skip: tuple[str, ...] = ()) -> None:
+    """Add one ``--field-name`` flag per dataclass field of ``cls`` (except those in ``skip``).
+
+    Flags default to "not given" (``argparse.SUPPRESS``) so that :func:`build` can tell a flag the
+    user typed from a default, and let YAML values stand where no flag was typed. Booleans get
+    ``--name/--no-name``; ``Literal`` fields get ``choices``; tuples take several values.
+    """
+    docs = field_docs(cls)
+    hints = typing.get_type_hints(cls)
+    group = parser.add_argument_group(f"{cls.__name__} fields (defaults shown; also settable in --config YAML)")
+    for f in dataclasses.fields(cls):
+        if f.name in skip:
+            continue
+        default = f.default if f.default is not dataclasses.MISSING else f.default_factory()  # type: ignore[misc]
+        kind, optional = _unwrap_optional(hints[f.name])
+        kwargs: dict[str, Any] = {"default": argparse.SUPPRESS, "dest": f.name,
+                                  "help": f"{docs[f.name]} (default: {default!r})".replace("%", "%%")}
+        flag = "--" + f.name.replace("_", "-")
+        if kind is bool:
+            group.add_argument(flag, action=argparse.BooleanOptionalAction, **kwargs)
+            continue
+        if typing.get_origin(kind) is Literal:
+            kwargs["choices"] = list(typing.get_args(kind))
+            kwargs["type"] = type(kwargs["choices"][0])
+        elif typing.get_origin(kind) is tuple:
+            kwargs["nargs"] = "*"
+            kwargs["type"] = typing.get_args(kind)[0]
+        else:
+            kwargs["type"] = _none_or(kind) if optional else kind
+        kwargs["metavar"] = kind.__name__.upper() if isinstance(kind, type) else None
+        group.add_argument(flag, **kwargs)
+
+
+def build(cls: type[T], args: argparse.Namespace | None = None, yaml_path: str | Path | None = None,
+          **overrides: Any) -> T:
+    """Make a ``cls`` config: dataclass defaults < YAML file < flags given in ``args`` < ``overrides``."""
+    names = {f.name for f in dataclasses.fields(cls)}  # type: ignore[arg-type]
+    values: dict[str, Any] = {}
+    if yaml_path is not None:
+        values.update(load_yaml(yaml_path, cls))
+    if args is not None:
+        values.update({k: v for k, v in vars(args).items() if k in names})
+    values.update(overrides)
+    hints = typing.get_type_hints(cls)
+    for name, value in values.items():
+        if typing.get_origin(_unwrap_optional(hints[name])[0]) is tuple and isinstance(value, list):
+            values[name] = tuple(value)
+    return cls(**values)
+
+
+def load_yaml(path: str | Path, cls: type) -> dict[str, Any]:
+    """Read a YAML mapping of ``cls`` fields, rejecting unknown keys with the list of valid ones."""
+    import yaml
+
+    data = yaml.safe_load(Path(path).read_text()) or {}
+    if not isinstance(data, dict):
+        raise ValueError(f"{path}: the config file must be a YAML mapping of field: value")
+    names = [f.name for f in dataclasses.fields(cls)]
+    unknown = sorted(set(data) - set(names))
+    if unknown:
+        raise ValueError(f"{path}: unknown {cls.__name__} fields {unknown}; valid fields: {', '.join(names)}")
+    return data
+
+
+def to_dict(config: Any) -> dict[str, Any]:
+    """A config as plain YAML/JSON-able data (tuples become lists)."""
+    return {k: list(v) if isinstance(v, tuple) else v for k, v in dataclasses.asdict(config).items()}
+
+
+def save_yaml(config: Any, path: str | Path) -> None:
+    """Write a config so that ``--config path`` reproduces it."""
+    import yaml
+
+    Path(path).write_text(yaml.safe_dump(to_dict(config), sort_keys=False))
+
+
+def _unwrap_optional(hint: Any) -> tuple[Any, bool]:
+    """``X | None`` -> ``(X, True)``; anything else -> ``(hint, False)``."""
+    if typing.get_origin(hint) in (typing.Union, types.UnionType):
+        args = [a for a in typing.get_args(hint) if a is not type(None)]
+        if len(args) == 1:
+            return args[0], True
+    return hint, False
+
+
+def _none_or(kind: type):
+    """An argparse ``type`` that also accepts ``none`` for optional fields."""
+
+    def parse(text: str):
+        return None if text.lower() == "none" else kind(text)
+
+    parse.__name__ = kind.__name__
+    return parse

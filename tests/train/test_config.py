@@ -1,0 +1,105 @@
+"""dataclass -> argparse flags, YAML config files, and GRPOConfig validation."""
+
+from __future__ import annotations
+
+import argparse
+import dataclasses
+from dataclasses import dataclass
+from typing import Literal
+
+import pytest
+
+from simpop.train.config import add_arguments, build, field_docs, save_yaml
+from simpop.train.grpo import GRPOConfig
+
+
+@dataclass(frozen=True)
+class Demo:
+    """A demo config.
+
+    Attributes:
+        steps: How many steps
+            to run (continued line).
+        rate: A rate.
+        name: A name.
+        mode: The mode.
+        flag: A switch.
+        limit: Optional limit.
+        sizes: Several sizes.
+    """
+
+    steps: int = 3
+    rate: float = 0.5
+    name: str = "x"
+    mode: Literal["a", "b"] = "a"
+    flag: bool = False
+    limit: int | None = None
+    sizes: tuple[int, ...] = (1, 2)
+
+
+def _parser(cls=Demo):
+    parser = argparse.ArgumentParser()
+    parser.add_argument("--config")
+    add_arguments(parser, cls)
+    return parser
+
+
+def test_field_docs_parse_continuations_and_require_every_field():
+    docs = field_docs(Demo)
+    assert docs["steps"] == "How many steps to run (continued line)."
+    assert set(docs) == {f.name for f in dataclasses.fields(Demo)}
+
+    @dataclass
+    class Undocumented:
+        """No attributes here."""
+
+        x: int = 1
+
+    with pytest.raises(ValueError, match="must document"):
+        field_docs(Undocumented)
+
+
+def test_flags_types_defaults_and_help():
+    parser = _parser()
+    args = parser.parse_args(["--steps", "7", "--rate", "0.25", "--mode", "b", "--flag", "--limit", "none",
+                              "--sizes", "4", "5"])
+    assert build(Demo, args) == Demo(steps=7, rate=0.25, mode="b", flag=True, limit=None, sizes=(4, 5))
+    assert build(Demo, parser.parse_args([])) == Demo()
+    assert build(Demo, parser.parse_args(["--limit", "9", "--no-flag"])) == Demo(limit=9, flag=False)
+    with pytest.raises(SystemExit):
+        parser.parse_args(["--mode", "c"])
+    help_text = parser.format_help()
+    assert "How many steps to run (continued line). (default: 3)" in " ".join(help_text.split())
+
+
+def test_yaml_then_flags_win(tmp_path):
+    path = tmp_path / "demo.yaml"
+    path.write_text("steps: 11\nname: from-yaml\nsizes: [3]\n")
+    parser = _parser()
+    args = parser.parse_args(["--config", str(path), "--steps", "12"])
+    assert build(Demo, args, yaml_path=args.config) == Demo(steps=12, name="from-yaml", sizes=(3,))
+    path.write_text("stepz: 1\n")
+    with pytest.raises(ValueError, match="unknown Demo fields"):
+        build(Demo, yaml_path=path)
+    save_yaml(Demo(steps=5, sizes=(9,)), path)
+    assert build(Demo, yaml_path=path) == Demo(steps=5, sizes=(9,))
+
+
+def test_grpo_config_flags_cover_every_field():
+    parser = _parser(GRPOConfig)
+    config = build(GRPOConfig, parser.parse_args(["--group-size", "8", "--lora", "--kl-coef", "0.1",
+                                                  "--n-envs", "none"]))
+    assert config.group_size == 8 and config.lora and config.kl_coef == 0.1 and config.n_envs is None
+    assert set(field_docs(GRPOConfig)) == {f.name for f in dataclasses.fields(GRPOConfig)}
+
+
+@pytest.mark.parametrize(("field", "value", "hint"), [
+    ("group_size", 1, "group_size must be >= 2"), ("scenarios_per_update", 0, "scenarios_per_update"),
+    ("lr", -1.0, "lr must be a positive number"), ("clip_eps", 1.5, "clip_eps must be in"),
+    ("kl_coef", -0.1, "kl_coef must be >= 0"), ("epochs", 0, "epochs"), ("temperature", 0.0, "use 1.0"),
+    ("top_p", 0.0, "top_p"), ("max_new_tokens", 0, "max_new_tokens"), ("dtype", "float16", "dtype"),
+    ("lora_r", 0, "lora_r"), ("n_envs", 0, "n_envs"), ("micro_batch_size", 0, "micro_batch_size"),
+])
+def test_grpo_config_errors_say_how_to_fix(field, value, hint):
+    with pytest.raises(ValueError, match=hint):
+        GRPOConfig(**{field: value})

@@ -1,0 +1,149 @@
+"""RolloutEngine: batching, groups, seeds and token-in/token-out bookkeeping (toy env and model)."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+from simpop.train.rollout import ChatDelta, Job, RolloutEngine
+from tests.train.toys import (IM_END, MERGED_AB, CountingSimulator, ToyTextEnv, ToyTextPolicy, ToyTokenBackend)
+
+
+def _engine(n_envs=None, replies=None, turns=3):
+    backend = ToyTokenBackend(replies=replies)
+    simulator = CountingSimulator()
+    engine = RolloutEngine(lambda: ToyTextEnv(turns=turns), ToyTextPolicy(backend), simulator, n_envs=n_envs)
+    return engine, backend, simulator
+
+
+def _policy_view(trajectory, backend, system: str) -> list[dict]:
+    """The whole dialogue as the policy saw it, as chat messages (for rendering with the template)."""
+    chat = [{"role": "system", "content": system}]
+    for seat, action in _interleave(trajectory):
+        chat.append({"role": "assistant" if seat == "agent" else "user", "content": action})
+    return chat
+
+
+def _interleave(t):
+    a, u = list(t.actions["agent"]), list(t.actions["user"])
+    out, seat = [], "agent"
+    while a or u:
+        out.append((seat, (a if seat == "agent" else u).pop(0)))
+        seat = "user" if seat == "agent" else "agent"
+    return out
+
+
+def test_one_batched_call_per_seat_per_turn():
+    engine, backend, simulator = _engine()
+    trajectories = engine.collect(["s0", "s1"], group_size=2, seed=0)
+    assert len(trajectories) == 4
+    # 3 agent turns and 2 user turns per dialogue, all 4 dialogues in lock-step: one call each.
+    assert backend.calls == [4, 4, 4]
+    assert simulator.batches == [[0, 1, 2, 3], [0, 1, 2, 3]]
+    assert engine.stats.policy_calls == 3 and engine.stats.simulator_calls == 2
+    assert engine.stats.env_steps == 4 * 5
+    assert sorted(simulator.feedbacks) == [(s, 1.0) for s in range(4)]
+    assert 0 <= engine.stats.outside_model_frac <= 1
+
+
+def test_waves_of_n_envs_reset_the_simulator_per_wave():
+    engine, backend, simulator = _engine(n_envs=3)
+    trajectories = engine.collect(["s0", "s1"], group_size=2, seed=0)
+    assert len(trajectories) == 4 and backend.calls == [3, 3, 3, 1, 1, 1]
+    assert simulator.resets == [["s0", "s0", "s1"], ["s1"]]
+
+
+def test_groups_seeds_and_determinism():
+    engine, _, _ = _engine()
+    a = engine.collect(["s2", "s0", "s3"], group_size=3, seed=5)
+    assert [t.group for t in a] == [0, 0, 0, 1, 1, 1, 2, 2, 2]
+    assert [t.scenario_id for t in a] == ["s2"] * 3 + ["s0"] * 3 + ["s3"] * 3
+    assert len({t.seed for t in a}) == 9  # distinct reset seeds within and across groups
+    b = _engine()[0].collect(["s2", "s0", "s3"], group_size=3, seed=5)
+    assert [(t.seed, t.token_ids, t.actions) for t in a] == [(t.seed, t.token_ids, t.actions) for t in b]
+    c = _engine()[0].collect(["s2", "s0", "s3"], group_size=3, seed=6)
+    assert [t.seed for t in a] != [t.seed for t in c]
+    drawn = engine.collect(3, group_size=2, seed=1)
+    assert len(drawn) == 6 and len({t.scenario_id for t in drawn}) == 3  # drawn without replacement
+
+
+def test_trajectory_records_seats_rewards_and_success():
+    engine, _, _ = _engine()
+    t = engine.collect(["s1"], group_size=2, seed=0)[0]
+    assert t.policy_seat == "agent" and t.user_seat == "user" and t.simulator == "counting"
+    assert len(t.actions["agent"]) == 3 and len(t.actions["user"]) == 2
+    assert len(t.observations["agent"]) == 3 and t.actions["user"][0] == "reply 0 1"
+    assert t.rewards["agent"] == [0, 0, 0, 0, 1.0] and t.total_reward == 1.0 and t.success and t.terminated
+    assert len(t.infos) == 5 and t.infos[-1]["success"] is True
+
+
+def test_tokens_kept_exactly_as_generated_and_masked():
+    engine, backend, _ = _engine()
+    t = engine.collect(["s0"], group_size=2, seed=0)[0]
+    ids, mask, logprobs = t.token_ids, t.mask, t.logprobs
+    assert len(ids) == len(mask) == len(logprobs)
+    # The generated "ab" stays two tokens; re-encoding the dialogue would merge it into one.
+    generated = [i for i, m in zip(ids, mask) if m]
+    reply = [ord(c) for c in "ab yes 0"] + [IM_END]
+    assert generated[:len(reply)] == reply and MERGED_AB not in generated
+    system = "Persuade (s0)."
+    full = backend.encode_chat(_policy_view(t, backend, system), add_generation_prompt=False)
+    assert ids != full[:len(ids)]
+    # ... but the sequence is the template's rendering of the whole dialogue, token for token in text.
+    assert backend.decode(ids) == backend.render(_policy_view(t, backend, system), False)[:len(backend.decode(ids))]
+    # Mask: exactly the three replies; log-probs exactly as returned, zero elsewhere.
+    assert sum(mask) == 3 * len(reply)
+    spans = [j for j in range(len(mask)) if mask[j] and (j == 0 or not mask[j - 1])]
+    assert len(spans) == 3
+    for start in spans:
+        assert logprobs[start:start + len(reply)] == pytest.approx([-0.25 - 0.01 * j for j in range(len(reply))])
+    assert all(lp == 0.0 for lp, m in zip(logprobs, mask) if not m)
+    assert t.prompt_length == len(backend.encode_chat([{"role": "system", "content": system}]))
+
+
+def test_no_retokenisation_of_earlier_turns():
+    engine, backend, _ = _engine()
+    trajectories = engine.collect(["s0", "s1"], group_size=1, seed=0)
+    generated_texts = {a for t in trajectories for a in t.actions["agent"]}
+    user_texts = [a for t in trajectories for a in t.actions["user"]]
+    for chat in backend.encoded:
+        contents = [m["content"] for m in chat]
+        assert not generated_texts & set(contents), "a generated turn was re-encoded"
+        # Each call encodes at most the messages that arrived since the policy's last turn.
+        assert sum(c in user_texts for c in contents) <= 1
+
+
+def test_rejected_policy_turn_adds_an_error_note_and_keeps_the_tokens():
+    # Dialogue 0's first reply is empty: the env rejects it and the agent speaks again.
+    engine, backend, _ = _engine(replies=lambda i, k: "" if (i, k) == (0, 0) else f"ab yes {k}")
+    t = engine.collect(["s0"], group_size=2, seed=0)[0]
+    assert t.actions["agent"][0] == "" and len(t.actions["agent"]) == 4
+    text = backend.decode(t.token_ids)
+    assert "<|im_start|>assistant\n<|im_end|>\n<|im_start|>user\n(Your last message was not accepted" in text
+    assert sum(t.mask) == 1 + 3 * len("ab yes 0<")  # empty reply = just the end-of-turn token
+
+
+def test_chat_delta_closing_and_overlap():
+    delta = ChatDelta(ToyTokenBackend())
+    assert delta.closing == [IM_END, ord("\n")]
+    assert delta.close_reply([65, IM_END]) == [ord("\n")]
+    assert delta.close_reply([65, 66]) == [IM_END, ord("\n")]  # cut by the token limit: close it
+    new = delta.messages([{"role": "user", "content": "hi"}])
+    assert ToyTokenBackend().decode(new) == "<|im_start|>user\nhi<|im_end|>\n<|im_start|>assistant\n"
+
+
+def test_act_policy_path_and_bad_arguments():
+    class Constant:
+        def act_batch(self, observations, rng):
+            return [f"yes {rng.integers(10)}" for _ in observations]
+
+    simulator = CountingSimulator()
+    engine = RolloutEngine(lambda: ToyTextEnv(), Constant(), simulator, n_envs=2)
+    out = engine.run([Job("s0", 0, 1), Job("s1", 0, 2)], np.random.default_rng(0))
+    assert all(t.success and t.token_ids == [] for t in out)
+    with pytest.raises(TypeError, match="act_batch"):
+        RolloutEngine(lambda: ToyTextEnv(), object(), simulator)
+    with pytest.raises(ValueError, match="n_envs"):
+        RolloutEngine(lambda: ToyTextEnv(), Constant(), simulator, n_envs=0)
+    with pytest.raises(ValueError, match="group_size"):
+        engine.collect(["s0"], group_size=0)
