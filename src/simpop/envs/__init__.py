@@ -3,3 +3,8 @@
 from simpop.envs.registration import EnvSpec, ids, make, register, spec
 
 __all__ = ["EnvSpec", "ids", "make", "register", "spec"]
+
+register("simpop/Persuasion-v0", "simpop.envs.persuasion.env:PersuasionEnv",
+         default_simulator="simpop.envs.persuasion.simulators:native_text")
+register("simpop/PersuasionAct-v0", "simpop.envs.persuasion.env:PersuasionActEnv",
+         default_simulator="simpop.envs.persuasion.simulators:native_act")

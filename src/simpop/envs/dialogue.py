@@ -20,6 +20,7 @@ from __future__ import annotations
 
 import json
 import string
+import warnings
 from abc import ABC, abstractmethod
 from dataclasses import dataclass, field
 from typing import Any, ClassVar, Protocol
@@ -162,7 +163,9 @@ class DialogueEnv(ParallelEnv, ABC):
         options = dict(options or {})
         scenario_id = options.pop("scenario_id", None)
         if options:
-            raise ValueError(f"unknown reset options {sorted(options)}; supported: 'scenario_id'")
+            # PettingZoo's API test passes arbitrary options, so unknown ones are reported, not fatal.
+            warnings.warn(f"ignoring unknown reset options {sorted(options)}; supported: 'scenario_id'",
+                          stacklevel=2)
         ids = self.scenario_ids()
         if scenario_id is None:
             scenario_id = ids[int(self.np_random.integers(len(ids)))]
