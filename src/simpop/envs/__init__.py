@@ -8,3 +8,7 @@ register("simpop/Persuasion-v0", "simpop.envs.persuasion.env:PersuasionEnv",
          default_simulator="simpop.envs.persuasion.simulators:native_text")
 register("simpop/PersuasionAct-v0", "simpop.envs.persuasion.env:PersuasionActEnv",
          default_simulator="simpop.envs.persuasion.simulators:native_act")
+register("simpop/CooperBench-mini-v0", "simpop.envs.cooperbench.env:CooperBenchEnv",
+         default_simulator="simpop.envs.cooperbench.teammates:default_teammate", dataset="mini")
+register("simpop/CooperBench-v0", "simpop.envs.cooperbench.env:CooperBenchEnv",
+         default_simulator="simpop.envs.cooperbench.teammates:default_teammate")
