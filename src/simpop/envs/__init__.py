@@ -12,3 +12,11 @@ register("simpop/CooperBench-mini-v0", "simpop.envs.cooperbench.env:CooperBenchE
          default_simulator="simpop.envs.cooperbench.teammates:default_teammate", dataset="mini")
 register("simpop/CooperBench-v0", "simpop.envs.cooperbench.env:CooperBenchEnv",
          default_simulator="simpop.envs.cooperbench.teammates:default_teammate")
+register("simpop/Tau2-mock-v0", "simpop.envs.tau2.env:Tau2Env",
+         default_simulator="simpop.envs.tau2.scripted:scripted_user", domain="mock")
+register("simpop/Tau2-airline-v0", "simpop.envs.tau2.env:Tau2Env",
+         default_simulator="simpop.envs.tau2.scripted:scripted_user", domain="airline")
+register("simpop/Tau2-retail-v0", "simpop.envs.tau2.env:Tau2Env",
+         default_simulator="simpop.envs.tau2.scripted:scripted_user", domain="retail")
+register("simpop/Tau2-telecom-v0", "simpop.envs.tau2.env:Tau2Env",
+         default_simulator="simpop.envs.tau2.scripted:scripted_user", domain="telecom")

@@ -1,0 +1,114 @@
+"""Scripted τ² participants for tests and baselines: a user that replays its task's instructions, and
+an agent that replays its task's gold actions. Neither needs a model or imports τ².
+"""
+
+from __future__ import annotations
+
+import json
+import re
+from dataclasses import dataclass
+from typing import Any
+
+import numpy as np
+
+from simpop.envs.dialogue import parse_observation
+from simpop.envs.tau2.tool_calls import format_tool_call
+from simpop.simulators.base import Simulator
+
+#: τ²'s user stop tokens (``tau2.user.base``), repeated here so this module does not import τ².
+STOP, TRANSFER = "###STOP###", "###TRANSFER###"
+#: What τ²'s airline and retail policies tell the agent to say after ``transfer_to_human_agents``.
+TRANSFER_MESSAGE = "YOU ARE BEING TRANSFERRED TO A HUMAN AGENT. PLEASE HOLD ON."
+_TRANSFERRED = re.compile(r"transfer(?:red|ring)?\s+(?:you\s+)?to\s+(?:a\s+)?human", re.IGNORECASE)
+
+
+def _script(scenario: Any) -> list[str]:
+    """The user's lines: the task's instructions, part by part (reason, known info, task instructions)."""
+    instructions = scenario.task.user_scenario.instructions
+    if isinstance(instructions, str):
+        return [instructions.strip()]
+    parts = (instructions.reason_for_call, instructions.known_info, instructions.task_instructions)
+    return [p.strip() for p in parts if p and p.strip()]
+
+
+def _gold_actions(scenario: Any, requestor: str) -> list[tuple[str, dict[str, Any]]]:
+    criteria = scenario.task.evaluation_criteria
+    actions = (criteria.actions if criteria is not None else None) or []
+    return [(a.name, dict(a.arguments)) for a in actions if a.requestor == requestor]
+
+
+@dataclass
+class _UserSlot:
+    lines: list[str]
+    actions: list[tuple[str, dict[str, Any]]]
+    said: int = 0
+
+
+class ScriptedUser(Simulator):
+    """A τ² user that replays its task's instructions, one part per turn, then sends ``###STOP###``.
+
+    It answers ``###TRANSFER###`` as soon as the agent says it is transferring the user to a human
+    (τ²'s rule for user simulators). Deterministic: the random generator is not used.
+
+    Args:
+        perform_gold_user_actions: After its first message, also make the task's gold *user* tool calls
+            (telecom's device actions), one per step, before speaking again. Off by default: with it on,
+            the user fixes its own device whatever the agent does.
+    """
+
+    name = "tau2-scripted"
+
+    def __init__(self, perform_gold_user_actions: bool = False):
+        self.perform_gold_user_actions = perform_gold_user_actions
+        self._slots: list[_UserSlot] = []
+
+    def reset_batch(self, scenarios: list[Any], rngs: list[np.random.Generator]) -> None:
+        self._slots = [_UserSlot(_script(s), _gold_actions(s, "user") if self.perform_gold_user_actions else [])
+                       for s in scenarios]
+
+    def act_batch(self, observations: list[Any], slots: list[int]) -> list[str]:
+        return [self._act(parse_observation(o), self._slots[s]) for o, s in zip(observations, slots)]
+
+    @staticmethod
+    def _act(view: dict[str, Any], slot: _UserSlot) -> str:
+        heard = [m["content"] for m in view["messages"] if m["role"] == "user"]
+        if heard and _TRANSFERRED.search(heard[-1]):
+            return TRANSFER
+        if slot.said and slot.actions:
+            name, arguments = slot.actions.pop(0)
+            return format_tool_call(name, arguments)
+        if slot.said < len(slot.lines):
+            slot.said += 1
+            return slot.lines[slot.said - 1]
+        return STOP
+
+
+def scripted_user(env: Any) -> ScriptedUser:
+    """The registry's default simulator for the τ² ids (``factory(env)``)."""
+    return ScriptedUser()
+
+
+class GoldAgent:
+    """An agent that replays its task's gold agent actions, then says what τ² checks it communicated.
+
+    On its first turn it makes every gold tool call (one per step, as JSON), then sends one message:
+    τ²'s transfer message if a gold action was ``transfer_to_human_agents``, followed by the task's
+    ``communicate_info``. Afterwards it only asks whether there is anything else.
+    """
+
+    def __init__(self, scenario: Any):
+        self.actions = _gold_actions(scenario, "assistant")
+        criteria = scenario.task.evaluation_criteria
+        info = list((criteria.communicate_info if criteria is not None else None) or [])
+        transfer = any(name == "transfer_to_human_agents" for name, _ in self.actions)
+        self.summary = " ".join([TRANSFER_MESSAGE] * transfer + info) or "Your request has been completed."
+        self._said = False
+
+    def act(self, observation: str) -> str:
+        if self.actions:
+            name, arguments = self.actions.pop(0)
+            return json.dumps({"name": name, "arguments": arguments})
+        if not self._said:
+            self._said = True
+            return self.summary
+        return "Is there anything else I can help you with?"
