@@ -34,6 +34,7 @@ try:
     from tau2.environment.tool import as_tool
     from tau2.evaluator.evaluator import EvaluationType, evaluate_simulation
     from tau2.gym.gym_agent import GymAgent
+    from tau2.metrics.agent_metrics import is_successful
     from tau2.gym.gym_agent import done as done_tool
     from tau2.orchestrator.orchestrator import Orchestrator, Role
     from tau2.registry import registry
@@ -52,7 +53,7 @@ __all__ = [
     "AGENT_INSTRUCTION", "AGENT_SYSTEM_PROMPT", "DEFAULT_LLM_NL_ASSERTIONS", "DOMAINS", "USER_SYSTEM_PROMPT",
     "AssistantMessage", "BaseAgent", "BaseUser", "Domain", "EvaluationType", "GymAgent", "Message", "Orchestrator",
     "RewardInfo", "Role", "Task", "TerminationReason", "ToolCall", "ToolMessage", "UserMessage", "UserSimulator",
-    "domain", "evaluate", "user_guidelines",
+    "domain", "evaluate", "is_successful", "user_guidelines",
 ]
 
 

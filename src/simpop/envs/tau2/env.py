@@ -93,7 +93,8 @@ class Tau2Env(DialogueEnv):
 
     Reward: τ²'s evaluator (``evaluate_simulation``, default evaluation ``ALL``; with ``nl_judge``,
     ``ALL_WITH_NL_ASSERTIONS``) on the finished trajectory, given to both seats; the final info holds
-    the components (``reward_breakdown``, ``db_match``, per-check lists, ``termination_reason``).
+    the components (``reward_breakdown``, ``db_match``, per-check lists, ``termination_reason``) and
+    ``success`` (reward 1, τ²'s pass criterion).
 
     Args:
         domain: ``"mock"``, ``"airline"``, ``"retail"`` or ``"telecom"``.
@@ -306,7 +307,7 @@ class Tau2Env(DialogueEnv):
                 info["evaluation_error"] = f"{type(e).__name__}: {e}"
         self.reward_info = result
         reward = float(result.reward) if result is not None else 0.0
-        info.update(reward=reward, **(_components(result) if result is not None else {}))
+        info.update(reward=reward, success=t2.is_successful(reward), **(_components(result) if result is not None else {}))
         self._outcome_cache = Outcome({a: reward for a in self.possible_agents}, info)
         return self._outcome_cache
 
