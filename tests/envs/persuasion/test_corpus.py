@@ -190,10 +190,14 @@ def test_incomplete_dialogues_are_skipped_and_counted(tmp_path, corpus_dir):
     d = copy_corpus(corpus_dir, tmp_path / "c")
     rows = read_csv(d / "full_info.csv")
     rows[2][rows[0].index("open.x")] = "NA"          # first dialogue: persona cell missing
+    rows[6][rows[0].index("B6")] = ""                # third dialogue: donation missing
+    rows[8][rows[0].index("B7")] = ""                # fourth dialogue: turns counted instead
     rows = [r for r in rows if r[0] != rows[4][0]]   # second dialogue: no info rows at all
     write_csv(d / "full_info.csv", rows)
     corpus = load_corpus(d)
-    assert corpus.skipped == 2 and len(corpus.dialogues) == 18
+    assert corpus.skipped == 3 and len(corpus.dialogues) == 17
+    fourth = corpus.dialogues[0]
+    assert fourth.n_turns == len({u.turn for u in fourth.utterances}) == load_corpus(corpus_dir).dialogues[3].n_turns
 
 
 def test_annotated_workbook_needs_labels(tmp_path, corpus_dir):

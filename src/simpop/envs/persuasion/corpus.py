@@ -15,8 +15,8 @@ Files in one directory (the corpus is not shipped; point ``load_corpus`` at a co
 - ``300_info.xlsx`` (optional): ``B2``, ``B4``, ``B5`` (intended donation stated in the chat).
 
 A missing file or column, or a malformed number, raises :class:`CorpusError` naming the file, column
-and row. Dialogues whose info rows are missing or whose persona has empty/``NA`` cells are skipped
-and counted in :attr:`Corpus.skipped`.
+and row. Dialogues without a persuadee info row, or whose persona or donation cells are empty/``NA``,
+are skipped and counted in :attr:`Corpus.skipped` (an empty ``B7`` is replaced by the turns counted).
 """
 
 from __future__ import annotations
@@ -265,12 +265,16 @@ def load_corpus(directory: str | Path) -> Corpus:
         if persona is None:
             skipped += 1
             continue
-        persuader = _persona(info, *roles[0], persona_columns) if 0 in roles else None
-        donation = info.number(record, "B6", row)
+        donation = info.number(record, "B6", row, optional=True)
+        if donation is None:
+            skipped += 1
+            continue
         if donation < 0:
             raise CorpusError(f"{FULL_INFO}: row {row}, column 'B6' has {donation}; a donation cannot be negative")
-        dialogues.append(Dialogue(dialogue_id, tuple(utts), persona, persuader, donation,
-                                  intended.get(dialogue_id), int(info.number(record, "B7", row))))
+        persuader = _persona(info, *roles[0], persona_columns) if 0 in roles else None
+        turns = info.number(record, "B7", row, optional=True)
+        dialogues.append(Dialogue(dialogue_id, tuple(utts), persona, persuader, donation, intended.get(dialogue_id),
+                                  len({u.turn for u in utts}) if turns is None else int(turns)))
     if skipped:
         log.warning("P4G corpus: skipped %d dialogues without a complete persuadee info row", skipped)
     if not dialogues:

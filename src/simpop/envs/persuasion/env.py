@@ -124,9 +124,6 @@ class _PersuasionEnv(DialogueEnv):
         info.update(donation=self.donation, donated=bool(self.donation))
         return info
 
-    def persuader_turns(self) -> int:
-        return sum(1 for t in self.transcript if t.seat == self.policy_seat)
-
 
 class PersuasionEnv(_PersuasionEnv):
     """P4G with free-text messages.
@@ -244,6 +241,9 @@ class PersuasionActEnv(_PersuasionEnv):
         super()._start()
         # Phrasings come from the reset seed too, so transcripts are reproducible.
         self._text_rng = np.random.default_rng(int(self.np_random.integers(2**63 - 1)))
+        # Kept up to date in _apply so observations need no pass over the transcript.
+        self._counts = np.zeros(len(PERSUADER_ACTS), np.float32)
+        self._last = {self.policy_seat: len(PERSUADER_ACTS), self.user_seat: len(PERSUADEE_ACTS)}
 
     def _validate(self, seat: str, action: Any) -> str | None:
         space = self.action_space(seat)
@@ -255,7 +255,10 @@ class PersuasionActEnv(_PersuasionEnv):
         if seat == self.policy_seat:
             act = PERSUADER_ACTS[int(action)]
             self.transcript.append(Turn(seat, render_persuader(act, self._text_rng), act=act))
+            self._counts[int(action)] += 1
+            self._last[seat] = int(action)
             return self.user_seat
+        self._last[seat] = int(action) // N_AMOUNTS
         act, amount = decode_persuadee_action(int(action))
         text = render_persuadee(act, amount if act in DONATING_ACTS else None, self._text_rng)
         self.transcript.append(Turn(seat, text, act=act, data={"donation": amount}))
@@ -264,21 +267,9 @@ class PersuasionActEnv(_PersuasionEnv):
         return self.policy_seat
 
     def _observe(self, seat: str) -> np.ndarray:
-        counts = np.zeros(len(PERSUADER_ACTS), np.float32)
-        last_er, last_ee = len(PERSUADER_ACTS), len(PERSUADEE_ACTS)
-        for turn in self.transcript:
-            if turn.seat == self.policy_seat:
-                counts[PERSUADER_ACTS.index(turn.act)] += 1
-                last_er = PERSUADER_ACTS.index(turn.act)
-            else:
-                last_ee = PERSUADEE_ACTS.index(turn.act)
-        turns = counts.sum()
-        flag = float(self.to_act == seat)
-        if seat == self.policy_seat:
-            head = np.zeros(len(PERSUADEE_ACTS) + 1, np.float32)
-            head[last_ee] = 1.0
-        else:
-            head = np.zeros(len(PERSUADER_ACTS) + 1, np.float32)
-            head[last_er] = 1.0
-        tail = np.array([turns / self.max_turns, flag], np.float32)
-        return np.concatenate([head, counts / self.max_turns, tail]).astype(np.float32)
+        # The persuader sees the persuadee's last act and vice versa (one-hot; the extra slot = none yet).
+        other = self.user_seat if seat == self.policy_seat else self.policy_seat
+        head = np.zeros((len(PERSUADEE_ACTS) if other == self.user_seat else len(PERSUADER_ACTS)) + 1, np.float32)
+        head[self._last[other]] = 1.0
+        tail = np.array([self._counts.sum() / self.max_turns, float(self.to_act == seat)], np.float32)
+        return np.concatenate([head, self._counts / self.max_turns, tail])

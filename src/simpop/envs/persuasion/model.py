@@ -247,8 +247,8 @@ class PersuadeeModel:
         p = self.params
         base = p.intercept + sum(w * persona.centred(t) for w, t in zip(p.trait_weights, BASE_TRAITS))
         multipliers = tuple(
-            max(0.0, 1.0 + m * float(np.mean([persona.centred(t) for t in MODULATORS[a]]))) if MODULATORS[a] else 1.0
-            for a, m in zip(PERSUADER_ACTS, p.modulation))
+            max(0.0, 1.0 + m * sum(persona.centred(t) for t in MODULATORS[a]) / len(MODULATORS[a]))
+            if MODULATORS[a] else 1.0 for a, m in zip(PERSUADER_ACTS, p.modulation))
         return PersuadeeState(float(base), 0.0, (0,) * len(PERSUADER_ACTS), multipliers)
 
     def update(self, state: PersuadeeState, act: str) -> PersuadeeState:
