@@ -15,6 +15,8 @@ import sys
 COMMANDS: dict[str, tuple[str, str]] = {
     "envs": ("simpop.envs.cli", "list the registered environment ids"),
     "demo": ("simpop.envs.persuasion.demo", "run a few Persuasion-for-Good dialogues with the native persuadee"),
+    "serve": ("simpop.agents.serve", "serve a backend over an OpenAI-compatible HTTP API"),
+    "experiment": ("simpop.experiments.cli", "run an experiment (collapse)"),
 }
 
 

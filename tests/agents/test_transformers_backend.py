@@ -1,0 +1,192 @@
+"""TransformersBackend with the embedded SmolLM2 (from the default cache; tiny generations)."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from simpop.agents import load_backend
+from simpop.agents.base import SamplingParams, TokenBackend
+from simpop.agents.transformers_backend import TransformersBackend
+
+pytestmark = pytest.mark.slow
+
+HELLO = [{"role": "user", "content": "Say hello."}]
+FRANCE = [{"role": "user", "content": "What is the capital of France?"}]
+LONG = [
+    {"role": "system", "content": "You are a terse assistant who answers in one sentence."},
+    {"role": "user", "content": "Describe the weather you like best, and why, in a few words."},
+]
+
+
+@pytest.fixture(scope="module", autouse=True)
+def one_thread():
+    """Tiny generations are latency-bound; one torch thread avoids OpenMP's collapse (10x+ slower)
+    when other processes compete for the cores, e.g. tests running in parallel."""
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield
+    torch.set_num_threads(threads)
+
+
+@pytest.fixture(scope="module")
+def backend(one_thread) -> TransformersBackend:
+    backend = load_backend("smollm2")
+    assert isinstance(backend, TransformersBackend) and isinstance(backend, TokenBackend)
+    return backend
+
+
+def test_encode_chat_uses_the_chat_template(backend):
+    ids = backend.encode_chat(HELLO)
+    text = backend.tokenizer.decode(ids)
+    assert "Say hello." in text and text.endswith("<|im_start|>assistant\n")
+    assert len(backend.encode_chat(HELLO, add_generation_prompt=False)) < len(ids)
+
+
+def test_greedy_is_deterministic_and_keeps_eos(backend):
+    params = SamplingParams(max_new_tokens=16)
+    first = backend.generate([FRANCE, HELLO], params)
+    assert [g.token_ids for g in backend.generate([FRANCE, HELLO], params)] == [g.token_ids for g in first]
+    france, hello = first
+    assert france.finish_reason == "stop" and france.token_ids[-1] in backend.eos_token_ids
+    assert "Paris" in france.text and "<|im_end|>" not in france.text
+    assert hello.finish_reason == "length" and len(hello.token_ids) == 16
+    assert france.prompt_ids == backend.encode_chat(FRANCE) and france.logprobs is None
+
+
+def test_left_padded_batch_equals_one_by_one(backend):
+    params = SamplingParams(max_new_tokens=8, logprobs=True)
+    chats = [HELLO, LONG, FRANCE]
+    assert len({len(backend.encode_chat(c)) for c in chats}) == 3  # different lengths: padding is exercised
+    batched = backend.generate(chats, params)
+    for chat, together in zip(chats, batched):
+        alone = backend.generate([chat], params)[0]
+        assert alone.token_ids == together.token_ids and alone.text == together.text
+        assert alone.logprobs == pytest.approx(together.logprobs, abs=1e-4)
+
+
+def test_seeded_sampling_is_reproducible_and_leaves_the_global_rng_alone(backend):
+    params = SamplingParams(max_new_tokens=8, temperature=1.0, seed=7)
+    rng_state = torch.random.get_rng_state()
+    first = [g.token_ids for g in backend.generate([HELLO] * 3, params)]
+    assert torch.equal(torch.random.get_rng_state(), rng_state)
+    assert [g.token_ids for g in backend.generate([HELLO] * 3, params)] == first
+    assert len({tuple(ids) for ids in first}) > 1  # rows of one call are different samples
+    other = [g.token_ids for g in backend.generate([HELLO] * 3, SamplingParams(max_new_tokens=8, temperature=1.0, seed=8))]
+    assert other != first
+
+
+def test_logprobs_match_token_logprobs(backend):
+    params = SamplingParams(max_new_tokens=6, temperature=0.7, top_p=1.0, seed=1, logprobs=True)
+    generations = backend.generate([HELLO, LONG], params)
+    sequences = [g.prompt_ids + g.token_ids for g in generations]
+    masks = [[0] * len(g.prompt_ids) + [1] * len(g.token_ids) for g in generations]
+    with torch.no_grad():
+        scores = backend.token_logprobs(sequences, masks, temperature=0.7)
+    assert scores.logprobs.shape == scores.mask.shape == (2, max(map(len, sequences)))
+    for row, generation in enumerate(generations):
+        start = len(generation.prompt_ids)
+        completion = scores.logprobs[row, start : start + len(generation.token_ids)].tolist()
+        assert completion == pytest.approx(generation.logprobs, abs=1e-3)
+        assert scores.mask[row].sum().item() == len(generation.token_ids)
+        assert (scores.entropies[row, start : start + len(generation.token_ids)] > 0).all()
+    assert (scores.logprobs[scores.mask == 0] == 0).all()
+
+
+def test_stop_strings_end_each_sample(backend):
+    free = backend.generate([HELLO], SamplingParams(max_new_tokens=12))[0]
+    assert "," in free.text
+    stopped = backend.generate([HELLO, FRANCE], SamplingParams(max_new_tokens=12, stop=(",", "Paris")))
+    for generation in stopped:
+        assert generation.finish_reason == "stop"
+        assert "," not in generation.text and "Paris" not in generation.text
+        decoded = backend.tokenizer.decode(generation.token_ids)
+        assert "," in decoded or "Paris" in decoded  # the token that completed the stop string is kept
+        assert len(generation.logprobs or generation.token_ids) == len(generation.token_ids)
+    assert free.text.startswith(stopped[0].text + ",")
+    assert len(stopped[0].token_ids) < len(free.token_ids)
+
+
+def test_lora_adapters_train_switch_save_and_load(backend, tmp_path):
+    model = TransformersBackend()
+    params = SamplingParams(max_new_tokens=6)
+    base = model.generate([HELLO], params)[0]
+    model.add_adapter("sim0")
+    model.add_adapter("sim1")
+    assert model.adapter_names == ["sim0", "sim1"] and model.active_adapter == "sim1"
+    assert model.generate([HELLO], params)[0].token_ids == base.token_ids  # LoRA starts as a no-op
+    assert not {id(p) for p in model.parameters("sim0")} & {id(p) for p in model.parameters("sim1")}
+
+    model.set_adapter("sim0")
+    optimizer = torch.optim.SGD(model.parameters("sim0"), lr=0.5)
+    sequence = [base.prompt_ids + base.token_ids]
+    mask = [[0] * len(base.prompt_ids) + [1] * len(base.token_ids)]
+    for _ in range(2):  # push the base reply's likelihood down until the greedy reply changes
+        scores = model.token_logprobs(sequence, mask)
+        optimizer.zero_grad()
+        scores.logprobs.sum().backward()
+        optimizer.step()
+    assert all(p.grad is None for p in model.parameters("sim1"))  # only the active adapter trains
+    assert all(not p.requires_grad for n, p in model.model.named_parameters() if "lora_" not in n)
+    trained = model.generate([HELLO], params)[0]
+    assert trained.token_ids != base.token_ids
+    with model.disabled_adapters():
+        assert model.generate([HELLO], params)[0].token_ids == base.token_ids
+    model.set_adapter("sim1")
+    assert model.generate([HELLO], params)[0].token_ids == base.token_ids
+
+    model.set_adapter("sim0")
+    model.save(tmp_path / "adapters")
+    restored = TransformersBackend()
+    restored.load(tmp_path / "adapters")
+    assert restored.adapter_names == ["sim0", "sim1"] and restored.active_adapter == "sim0"
+    assert restored.generate([HELLO], params)[0].token_ids == trained.token_ids
+    with pytest.raises(ValueError, match="cannot load full weights into a backend with adapters"):
+        backend.save(tmp_path / "full")
+        restored.load(tmp_path / "full")
+
+
+def test_full_weights_save_and_load(tmp_path):
+    model = TransformersBackend(trainable=True)
+    assert len(model.parameters()) == len(list(model.model.parameters()))
+    with torch.no_grad():
+        model.model.model.norm.weight.mul_(1.5)
+    model.save(tmp_path / "full")
+    reloaded = TransformersBackend(tmp_path / "full")
+    assert reloaded.name == "full" and not reloaded.parameters()  # frozen unless trainable=True
+    fresh = TransformersBackend()
+    fresh.load(tmp_path / "full")
+    expected = model.model.state_dict()
+    for other in (reloaded, fresh):
+        assert all(torch.equal(expected[k], v) for k, v in other.model.state_dict().items())
+
+
+def test_bfloat16_generates(backend):
+    half = TransformersBackend(dtype="bfloat16", threads=1)
+    assert next(half.model.parameters()).dtype == torch.bfloat16
+    generation = half.generate([FRANCE], SamplingParams(max_new_tokens=4, logprobs=True))[0]
+    assert len(generation.token_ids) == len(generation.logprobs) == 4 and generation.text
+
+
+def test_bad_input_errors(backend, tmp_path):
+    params = SamplingParams(max_new_tokens=2)
+    with pytest.raises(ValueError, match="prompts is empty"):
+        backend.generate_ids([], params)
+    with pytest.raises(ValueError, match="prompt 1 is empty"):
+        backend.generate_ids([[1, 2], []], params)
+    with pytest.raises(ValueError, match="not token ids"):
+        backend.generate_ids([[1, 10**9]], params)
+    with pytest.raises(ValueError, match="exceeds the model's context of 8192 tokens"):
+        backend.generate_ids([[1] * 8190], SamplingParams(max_new_tokens=4))
+    with pytest.raises(ValueError, match="message 0 is"):
+        backend.generate([[{"role": "user"}]], params)
+    with pytest.raises(ValueError, match="masks must have one 0/1 entry per token"):
+        backend.token_logprobs([[1, 2, 3]], [[1, 1]])
+    with pytest.raises(KeyError, match="no adapter 'nope'"):
+        backend.set_adapter("nope")
+    with pytest.raises(ValueError, match="dtype must be one of"):
+        TransformersBackend(dtype="float16")
+    with pytest.raises(FileNotFoundError, match="not a local HF model folder"):
+        TransformersBackend(tmp_path / "missing")
+    with pytest.raises(FileNotFoundError, match="not written by TransformersBackend.save"):
+        backend.load(tmp_path)
