@@ -14,8 +14,6 @@ from simpop.envs.tau2.tool_calls import ParsedAction, ToolCallError, format_tool
 
 log = logging.getLogger(__name__)
 
-_SEAT_OF_ROLE = {"agent": "agent", "user": "user"}
-
 
 class _SeatAgent(t2.BaseAgent):
     """τ²'s agent participant: sends the message the env was given (τ²'s gym-agent stop rules)."""
@@ -88,7 +86,9 @@ class Tau2Env(DialogueEnv):
     ``###TRANSFER###`` or ``###OUT-OF-SCOPE###``; the agent sends ``###STOP###`` or calls ``done``;
     tool errors reach ``max_errors``. It also ends, with τ²'s ``user_error`` termination, when the user
     seat sends the same message ``max_user_repeats`` times in a row or has ``max_user_errors``
-    consecutive actions rejected (a looping or broken user model, common at temperature 0).
+    consecutive actions rejected (a looping or broken user model, common at temperature 0); the final
+    info then says ``user_repeats`` or ``user_errors``. A step whose tool calls failed lists the
+    errors in the caller's ``info[seat]["tool_errors"]``.
     ``truncated`` means ``max_steps`` seat actions were taken first.
 
     Reward: τ²'s evaluator (``evaluate_simulation``, default evaluation ``ALL``; with ``nl_judge``,
@@ -159,9 +159,10 @@ class Tau2Env(DialogueEnv):
         if self.orchestrator.to_role == t2.Role.ENV:  # a task history that ends with a pending tool call
             self.orchestrator.step()
         self.transcript = _history_turns(self.orchestrator.trajectory)
-        self.to_act = _SEAT_OF_ROLE[self.orchestrator.to_role.value]
+        self.to_act = self._seat_of(self.orchestrator.to_role)
         self.reward_info = None
         self._termination: t2.TerminationReason | None = None
+        self._termination_info: dict[str, Any] = {}
         self._outcome_cache: Outcome | None = None
         self._parsed: ParsedAction | None = None
         self._calls = 0
@@ -178,6 +179,10 @@ class Tau2Env(DialogueEnv):
                 infos[seat].update(flags)
         return observations, rewards, terminations, truncations, infos
 
+    def _seat_of(self, role: t2.Role) -> str:
+        """The seat that plays τ²'s orchestrator role ``role``."""
+        return self.policy_seat if role == t2.Role.AGENT else self.user_seat
+
     def _seat_has_tools(self, seat: str) -> bool:
         return seat == self.policy_seat or self.scenario.user_tools is not None
 
@@ -187,8 +192,7 @@ class Tau2Env(DialogueEnv):
             # Counted here because a rejected action never reaches _apply.
             self._user_rejections = self._user_rejections + 1 if error else 0
             if error and self.max_user_errors is not None and self._user_rejections >= self.max_user_errors:
-                self._termination = t2.TerminationReason.USER_ERROR
-                self._flags.setdefault(seat, {})["user_errors"] = self._user_rejections
+                self._end(t2.TerminationReason.USER_ERROR, user_errors=self._user_rejections)
         return error
 
     def _check(self, seat: str, action: Any) -> str | None:
@@ -241,10 +245,10 @@ class Tau2Env(DialogueEnv):
             if failed:
                 self._flags.setdefault(seat, {})["tool_errors"] = failed
             if orch.num_errors >= self.max_errors:
-                self._termination = t2.TerminationReason.TOO_MANY_ERRORS
+                self._end(t2.TerminationReason.TOO_MANY_ERRORS)
         act = "stop" if orch.done else ("tool_call" if calls else "message")
         self.transcript.append(Turn(seat, action, act=act, data=data))
-        return _SEAT_OF_ROLE[orch.to_role.value]
+        return self._seat_of(orch.to_role)
 
     def _count_user_repeat(self, seat: str, text: str | None) -> None:
         """Count identical consecutive user messages (tool calls do not count and do not reset)."""
@@ -253,12 +257,17 @@ class Tau2Env(DialogueEnv):
         self._user_repeats = self._user_repeats + 1 if text == self._last_user_text else 1
         self._last_user_text = text
         if self.max_user_repeats is not None and self._user_repeats >= self.max_user_repeats:
-            self._termination = t2.TerminationReason.USER_ERROR
-            self._flags.setdefault(seat, {})["user_repeats"] = self._user_repeats
+            self._end(t2.TerminationReason.USER_ERROR, user_repeats=self._user_repeats)
+
+    def _end(self, reason: t2.TerminationReason, **why: Any) -> None:
+        """End the episode for a reason τ²'s orchestrator checks outside ``step`` (``why`` goes to the final info)."""
+        self._termination = reason
+        self._termination_info = why
 
     def _outcome(self) -> Outcome | None:
         assert self.orchestrator is not None
-        reason = self._termination or (self.orchestrator.termination_reason if self.orchestrator.done else None)
+        # τ²'s own stop (checked first in τ²'s run loop) wins over the limits checked after it.
+        reason = (self.orchestrator.termination_reason if self.orchestrator.done else None) or self._termination
         return None if reason is None else self._evaluate(reason)
 
     def _truncated_outcome(self) -> Outcome:
@@ -290,7 +299,8 @@ class Tau2Env(DialogueEnv):
         d = t2.domain(self.domain)
         task = self.scenario.task
         messages = self.trajectory()
-        info: dict[str, Any] = {"termination_reason": reason.value, "num_tool_errors": self.orchestrator.num_errors}
+        info: dict[str, Any] = {"termination_reason": reason.value, "num_tool_errors": self.orchestrator.num_errors,
+                                **self._termination_info}
         result = None
         if self.nl_judge is not None:
             try:
