@@ -63,7 +63,9 @@ class ToyTextEnv(DialogueEnv):
         return Outcome({"agent": float(won), "user": 0.0}, {"success": won})
 
     def _observe(self, seat: str) -> str:
-        return self.text_observation(seat)
+        scenario = self.scenario
+        return self.text_observation(seat, instructions=scenario.policy_instructions() if seat == "agent"
+                                     else scenario.user_instructions())
 
 
 #: Special tokens of the toy ChatML template.
@@ -132,8 +134,8 @@ class ToyTextPolicy:
     backend: ToyTokenBackend
     sampling: SamplingParams = SamplingParams(max_new_tokens=8, temperature=1.0)
 
-    def system_prompt(self, scenario: Any) -> str | None:
-        return scenario.policy_instructions()
+    def system_prompt(self, observation: dict[str, Any]) -> str | None:
+        return observation["instructions"]
 
 
 class CountingSimulator(Simulator):

@@ -17,8 +17,7 @@ from typing import Any
 import numpy as np
 
 #: Metric keys that measure wall-clock speed; they differ between otherwise identical runs.
-WALL_CLOCK_KEYS = frozenset({"tokens_per_s", "steps_per_s", "time_s", "rollout_s", "update_s",
-                             "model_time_frac"})
+WALL_CLOCK_KEYS = frozenset({"tokens_per_s", "steps_per_s", "rollout_s", "update_s"})
 
 
 def success_rate(successes: Iterable[bool | float]) -> float:

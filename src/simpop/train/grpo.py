@@ -57,7 +57,7 @@ class GRPOConfig:
     Attributes:
         group_size: Dialogues per scenario in one update (G); advantages compare them. At least 2.
         scenarios_per_update: Scenarios (groups) per update; the batch is ``group_size`` times this.
-        lr: Adam learning rate; None picks 3e-3 for act-level policies, 1e-4 with LoRA, 1e-5 for full
+        lr: Adam learning rate; None picks 1e-2 for act-level policies, 1e-4 with LoRA, 1e-5 for full
             fine-tuning of an LLM.
         clip_eps: PPO-style ratio clipping range: the ratio is clipped to [1 - clip_eps, 1 + clip_eps].
         kl_coef: Weight of the KL penalty to the reference policy; 0 turns it off (and skips the
@@ -119,7 +119,7 @@ class GRPOConfig:
                                    f"got {self.group_size}; use 4-16")
         need(self.scenarios_per_update >= 1, f"scenarios_per_update must be >= 1, got {self.scenarios_per_update}")
         need(self.lr is None or (math.isfinite(self.lr) and self.lr > 0),
-             f"lr must be a positive number (e.g. 1e-5 for an LLM, 3e-3 act-level) or None, got {self.lr}")
+             f"lr must be a positive number (e.g. 1e-5 for an LLM, 1e-2 act-level) or None, got {self.lr}")
         need(0 < self.clip_eps < 1, f"clip_eps must be in (0, 1), typically 0.2; got {self.clip_eps}")
         need(self.kl_coef >= 0, f"kl_coef must be >= 0 (0 disables the KL penalty), got {self.kl_coef}")
         need(self.epochs >= 1, f"epochs must be >= 1, got {self.epochs}")
@@ -263,7 +263,8 @@ class LLMPolicy:
         lora_r: LoRA rank.
         lora_alpha: LoRA alpha.
         adapter: Name of the policy's LoRA adapter.
-        system_prompt: A fixed system message; None uses the scenario's ``policy_instructions()``.
+        system_prompt: A fixed system message; None uses the observation's ``instructions`` field (the
+            text envs' task description for the seat), or no system message if it has none.
     """
 
     def __init__(self, backend: TransformersBackend, sampling: SamplingParams | None = None, lora: bool = False,
@@ -280,10 +281,10 @@ class LLMPolicy:
             raise ValueError("the backend's weights are frozen: build TransformersBackend(trainable=True) for "
                              "full fine-tuning, or pass lora=True")
 
-    def system_prompt(self, scenario: Any) -> str | None:
+    def system_prompt(self, observation: dict[str, Any]) -> str | None:
         if self._system_prompt is not None:
             return self._system_prompt
-        return scenario.policy_instructions()
+        return observation.get("instructions")
 
     def parameters(self) -> list[nn.Parameter]:
         """The trained weights (the adapter's with LoRA, else all of the model's)."""
@@ -377,7 +378,7 @@ class GRPOTrainer:
         self.env_id, self.policy, self.simulator, self.config = env_id, policy, simulator, config
         self.engine = RolloutEngine(env_id, policy, simulator, n_envs=config.n_envs, env_kwargs=env_kwargs)
         self.text = isinstance(policy, LLMPolicy)
-        lr = config.lr or (1e-4 if self.text and policy.lora else 1e-5 if self.text else 3e-3)
+        lr = config.lr or (1e-4 if self.text and policy.lora else 1e-5 if self.text else 1e-2)
         self.optimizer = torch.optim.Adam(list(policy.parameters()), lr=lr)
         self.reference = (copy.deepcopy(policy).requires_grad_(False)
                           if isinstance(policy, ActPolicy) and config.kl_coef > 0 else None)

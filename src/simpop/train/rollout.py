@@ -58,8 +58,11 @@ class TokenPolicy(Protocol):
     backend: TokenBackend
     sampling: SamplingParams
 
-    def system_prompt(self, scenario: Any) -> str | None:
-        """The system message for a dialogue on ``scenario`` (None: no system message)."""
+    def system_prompt(self, observation: dict[str, Any]) -> str | None:
+        """The system message of a dialogue, given its first parsed observation (None: no system message).
+
+        Text envs put the seat's task in the observation's ``instructions`` field.
+        """
         ...
 
 
@@ -406,7 +409,7 @@ class RolloutEngine:
             new.append({"role": "user", "content": f"(Your last message was not accepted: {view['error']})"})
         ledger.consumed = len(messages)
         if not ledger.ids:
-            system = self.policy.system_prompt(d.env.scenario)  # type: ignore[union-attr]
+            system = self.policy.system_prompt(view)  # type: ignore[union-attr]
             chat: Chat = ([{"role": "system", "content": system}] if system else []) + new
             ledger.add_context(delta.first_prompt(chat))
             ledger.prompt_length = len(ledger.ids)
