@@ -61,7 +61,7 @@ def test_unknown_embedded_model():
 
 
 @pytest.mark.slow
-def test_conversion_into_a_fresh_cache(monkeypatch, tmp_path):
+def test_conversion_into_a_fresh_cache(monkeypatch, tmp_path, one_torch_thread):
     from simpop.agents.transformers_backend import TransformersBackend
 
     monkeypatch.setenv("SIMPOP_CACHE_DIR", str(tmp_path))

@@ -9,7 +9,7 @@ from simpop.agents import load_backend
 from simpop.agents.base import SamplingParams, TokenBackend
 from simpop.agents.transformers_backend import TransformersBackend
 
-pytestmark = pytest.mark.slow
+pytestmark = [pytest.mark.slow, pytest.mark.usefixtures("one_torch_thread")]
 
 HELLO = [{"role": "user", "content": "Say hello."}]
 FRANCE = [{"role": "user", "content": "What is the capital of France?"}]
@@ -19,18 +19,8 @@ LONG = [
 ]
 
 
-@pytest.fixture(scope="module", autouse=True)
-def one_thread():
-    """Tiny generations are latency-bound; one torch thread avoids OpenMP's collapse (10x+ slower)
-    when other processes compete for the cores, e.g. tests running in parallel."""
-    threads = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(threads)
-
-
 @pytest.fixture(scope="module")
-def backend(one_thread) -> TransformersBackend:
+def backend(one_torch_thread) -> TransformersBackend:
     backend = load_backend("smollm2")
     assert isinstance(backend, TransformersBackend) and isinstance(backend, TokenBackend)
     return backend

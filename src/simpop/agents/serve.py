@@ -189,7 +189,8 @@ class SimpopServer(ThreadingHTTPServer):
 
     def start(self) -> SimpopServer:
         """Serve from a daemon thread (for in-process use and tests); returns ``self``."""
-        self._thread = threading.Thread(target=self.serve_forever, name="simpop-serve", daemon=True)
+        # A short poll interval makes close() quick (shutdown waits for the next poll).
+        self._thread = threading.Thread(target=self.serve_forever, args=(0.05,), name="simpop-serve", daemon=True)
         self._thread.start()
         return self
 
