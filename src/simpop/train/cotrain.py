@@ -236,7 +236,7 @@ class CoTrainer:
                 optimizer.step()
                 sim.after_step()
             logs["sim_loss"].append(float(loss.detach()))
-            logs["sim_kl"].append(float(kl))
+            logs["sim_kl"].append(float(kl.detach()))
             logs["sim_success"].append(float(np.mean(successes)))
             logs["sim_objective"].append(simulator_objective(successes, c.target_success))
             logs["sim_grad_norm"].append(float(norm))

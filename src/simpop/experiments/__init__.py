@@ -1,0 +1,1 @@
+"""Experiments that reproduce the paper's findings (``simpop experiment ...``)."""

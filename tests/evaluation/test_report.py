@@ -1,0 +1,101 @@
+"""Claim verdicts from synthetic summaries, the markdown report, and the PNG curves."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+from simpop.evaluation.report import (CONTRADICTS, INCONCLUSIVE, NOT_REPRODUCED, REPRODUCED, SAME_DIRECTION, SUPPORTS,
+                                      Comparison, curves, judge_claims, plot_curves, render_report, stat, summary_table)
+
+CONDITIONS = ("frozen", "verbalized", "cotrain", "population")
+
+
+def _summary(per_condition: dict[str, dict[str, list[float]]]) -> dict:
+    return {name: {"description": f"how {name} is built", "metrics": {k: stat(v) for k, v in metrics.items()}}
+            for name, metrics in per_condition.items()}
+
+
+def _metrics(train, heldout, entropy, zero_var, initial_train=0.3, initial_entropy=2.6, noise=0.0, n=5):
+    rng = np.random.default_rng(int(1000 * (train + heldout + entropy + zero_var)))
+    jitter = lambda v: list(v + noise * rng.standard_normal(n))  # noqa: E731
+    return {"train_success": jitter(train), "heldout_success": jitter(heldout),
+            "collapse_gap": jitter(train - heldout), "policy_entropy": jitter(entropy),
+            "zero_var_frac": jitter(zero_var), "initial_train_success": jitter(initial_train),
+            "initial_heldout_success": jitter(initial_train), "initial_policy_entropy": jitter(initial_entropy)}
+
+
+def _paper_like(noise: float) -> dict:
+    return _summary({"frozen": _metrics(0.95, 0.40, 0.1, 0.7, noise=noise),
+                     **{c: _metrics(0.55, 0.55, 1.5, 0.1, noise=noise) for c in CONDITIONS[1:]}})
+
+
+def test_comparison_status():
+    assert Comparison("x", [0.2, 0.25, 0.3]).status == SUPPORTS
+    assert Comparison("x", [0.5, -0.4, 0.1]).status == SAME_DIRECTION
+    assert Comparison("x", [-0.2, -0.1, -0.3]).status == CONTRADICTS
+    assert Comparison("x", [0.3]).status == SAME_DIRECTION  # one seed: no interval, never significant
+
+
+def test_paper_like_data_reproduces_every_claim():
+    verdicts = judge_claims(_paper_like(noise=0.01))
+    assert [v.claim for v in verdicts] == ["a", "b", "c"]
+    assert [v.verdict for v in verdicts] == [REPRODUCED] * 3
+    assert len(verdicts[0].comparisons) == 1 + 3  # rise of training success + one per fix
+
+
+def test_opposite_data_is_not_reproduced():
+    summary = _summary({"frozen": _metrics(0.5, 0.7, 2.0, 0.05, noise=0.01),
+                        **{c: _metrics(0.6, 0.5, 1.0, 0.5, noise=0.01) for c in CONDITIONS[1:]}})
+    assert [v.verdict for v in judge_claims(summary)] == [NOT_REPRODUCED] * 3
+
+
+def test_noisy_right_direction_is_inconclusive():
+    summary = _paper_like(noise=0.0)
+    for name in CONDITIONS[1:]:  # fixes barely better, with spread that straddles zero
+        summary[name]["metrics"]["heldout_success"] = stat([0.9, 0.0, 0.5, 0.1, 0.6])
+    a = judge_claims(summary)[0]
+    assert a.verdict == INCONCLUSIVE
+    assert {c.status for c in a.comparisons[1:]} == {SAME_DIRECTION}
+
+
+def test_entropy_must_fall_toward_zero():
+    summary = _paper_like(noise=0.01)
+    summary["frozen"]["metrics"]["policy_entropy"] = stat([2.0, 2.05, 1.95, 2.0, 2.0])  # fell, not near 0
+    for name in CONDITIONS[1:]:
+        summary[name]["metrics"]["policy_entropy"] = stat([2.3, 2.35, 2.25, 2.3, 2.3])
+    b = judge_claims(summary)[1]
+    assert b.verdict == NOT_REPRODUCED
+    assert [c.status for c in b.comparisons][:2] == [SUPPORTS, CONTRADICTS]
+
+
+def test_missing_frozen_condition_is_an_error():
+    with pytest.raises(ValueError, match="frozen"):
+        judge_claims({"verbalized": _paper_like(0.01)["verbalized"]})
+
+
+def test_markdown_report_has_tables_verdicts_and_plots():
+    conditions = _paper_like(noise=0.01)
+    summary = {"conditions": conditions, "wall_time_s": 12.3,
+               "setup": {"level": "act", "env_id": "simpop/PersuasionAct-v0", "seeds": [0, 1, 2, 3, 4], "updates": 10,
+                         "batch_size": 16, "eval_every": 5, "eval_episodes": 8, "panel": "three held-out models"}}
+    text = render_report(summary, judge_claims(conditions), ["/x/heldout_success.png"])
+    assert summary_table(conditions) in text
+    assert "### Claim (a): REPRODUCED" in text and "how population is built" in text
+    assert "![heldout_success](heldout_success.png)" in text
+
+
+def test_curves_and_plots(tmp_path):
+    records = [{"condition": c, "seed": s, "step": step, "kind": "eval", "heldout_success": 0.1 * step + s,
+                "train_success": 0.5, "policy_entropy": 1.0}
+               for c in ("frozen", "cotrain") for s in (0, 1) for step in (0, 5, 10)]
+    records += [{"condition": "frozen", "seed": 0, "step": 15, "kind": "eval", "heldout_success": 9.0}]  # seed 1 lacks it
+    records += [{"condition": c, "seed": s, "step": step, "kind": "train", "zero_var_frac": 0.25}
+                for c in ("frozen", "cotrain") for s in (0, 1) for step in (1, 2)]
+    steps, mean, lo, hi = curves(records, "eval", "heldout_success")["frozen"]
+    assert list(steps) == [0, 5, 10]  # step 15 was not reached by every seed
+    assert np.allclose(mean, [0.5, 1.0, 1.5]) and (lo <= mean).all() and (hi >= mean).all()
+    paths = plot_curves(records, tmp_path, order=("frozen", "cotrain"))
+    assert sorted(p.name for p in paths) == ["heldout_success.png", "policy_entropy.png", "train_success.png",
+                                             "zero_var_frac.png"]
+    assert all(p.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n" for p in paths)

@@ -1,0 +1,95 @@
+"""The collapse experiment end to end (tiny budget): outputs, schema, conditions, panel, resume."""
+
+from __future__ import annotations
+
+import json
+import shutil
+
+import pytest
+
+from simpop.cli import main
+from simpop.envs.persuasion.personas import modal_persona
+from simpop.experiments.collapse import CONDITIONS, CollapseConfig, build_panel, build_run, heldout_personas, run_collapse
+from simpop.evaluation.metrics import WALL_CLOCK_KEYS
+from simpop.evaluation.report import SUMMARY_METRICS
+
+TINY = dict(seeds=2, updates=2, eval_every=1, eval_episodes=4, group_size=2, scenarios_per_update=2, max_turns=4,
+            population_size=2, pool_size=2, snapshot_every=1, heldout_personas=40, workers=1)
+
+
+@pytest.fixture(scope="module")
+def finished(tmp_path_factory):
+    out = tmp_path_factory.mktemp("collapse")
+    argv = ["experiment", "collapse", "--out", str(out), "--quiet"]
+    for key, value in TINY.items():
+        argv += [f"--{key.replace('_', '-')}", str(value)]
+    assert main(argv) == 0
+    return out
+
+
+def test_outputs_and_schema(finished):
+    names = {p.name for p in finished.iterdir()}
+    assert {"metrics.jsonl", "summary.json", "report.md", "config.json", "heldout_success.png", "train_success.png",
+            "policy_entropy.png", "zero_var_frac.png"} <= names
+    summary = json.loads((finished / "summary.json").read_text())
+    assert list(summary["conditions"]) == list(CONDITIONS)
+    for condition in summary["conditions"].values():
+        assert condition["description"]
+        for metric in SUMMARY_METRICS:
+            stat = condition["metrics"][metric]
+            assert set(stat) == {"mean", "ci_low", "ci_high", "n", "per_seed"} and stat["n"] == 2
+            assert stat["ci_low"] <= stat["mean"] <= stat["ci_high"]
+    assert [c["claim"] for c in summary["claims"]] == ["a", "b", "c"]
+    assert all(c["verdict"] in ("reproduced", "inconclusive", "not reproduced") for c in summary["claims"])
+    records = [json.loads(line) for line in (finished / "metrics.jsonl").read_text().splitlines()]
+    evals = [r for r in records if r["kind"] == "eval"]
+    assert len(evals) == len(CONDITIONS) * 2 * 3  # steps 0, 1, 2 for every (condition, seed)
+    assert len([r for r in records if r["kind"] == "train"]) == len(CONDITIONS) * 2 * 2
+    assert all({"heldout_success", "train_success", "collapse_gap", "policy_entropy"} <= set(r) for r in evals)
+    # Same seeds, same initial policy, same panel dialogues: every condition starts from the same point.
+    start = {(r["seed"], r["heldout_success"]) for r in evals if r["step"] == 0}
+    assert len(start) == 2
+    report = (finished / "report.md").read_text()
+    assert "| frozen |" in report and "Claim (a)" in report and "![heldout_success]" in report
+
+
+def _without_timings(path):
+    return [{k: v for k, v in json.loads(line).items() if k not in WALL_CLOCK_KEYS}
+            for line in path.read_text().splitlines()]
+
+
+def test_resume_completes_only_missing_work(finished, tmp_path):
+    out = tmp_path / "copy"
+    shutil.copytree(finished, out)
+    before = (out / "runs" / "cotrain" / "seed1" / "metrics.jsonl").read_text()
+    shutil.rmtree(out / "runs" / "frozen" / "seed0")  # as if that run had never started
+    with pytest.raises(FileExistsError, match="--resume"):
+        run_collapse(CollapseConfig(**TINY), out, resume=False, progress=False)
+    run_collapse(CollapseConfig(**TINY), out, resume=True, progress=False)
+    assert (out / "runs" / "cotrain" / "seed1" / "metrics.jsonl").read_text() == before  # untouched
+    redone, original = (_without_timings(d / "runs" / "frozen" / "seed0" / "metrics.jsonl") for d in (out, finished))
+    assert redone == original  # deterministic
+    with pytest.raises(ValueError, match="different settings"):
+        run_collapse(CollapseConfig(**{**TINY, "updates": 3}), out, resume=True, progress=False)
+
+
+def test_condition_simulators_and_panel():
+    config = CollapseConfig(**TINY)
+    frozen = build_run("frozen", config, 0, {}).training_simulator
+    assert frozen.decoding == "greedy" and frozen.persona_override == modal_persona()
+    verbalized = build_run("verbalized", config, 0, {}).training_simulator
+    assert verbalized.verbalized == (config.verbalized_floor, config.verbalized_tau)
+    population = build_run("population", config, 0, {})
+    panel = build_panel(config)
+    panel.check_disjoint(population.training_leaves + [frozen, verbalized])  # raises if not held out
+    personas = heldout_personas(config)
+    assert modal_persona() not in personas and len(personas) > 30
+    assert {m.temperature for _, m in panel} == {0.8, 0.9, 1.2}
+
+
+def test_config_validation():
+    with pytest.raises(ValueError, match="conditions"):
+        CollapseConfig(conditions=("frozen", "nope"))
+    with pytest.raises(ValueError, match="group_size"):
+        CollapseConfig(group_size=1)
+    assert CollapseConfig().seeds >= 5 and CollapseConfig(level="text").seeds == 1
