@@ -14,6 +14,7 @@ import sys
 #: subcommand -> (module, one-line help). The module provides ``configure(parser)`` and ``run(args)``.
 COMMANDS: dict[str, tuple[str, str]] = {
     "envs": ("simpop.envs.cli", "list the registered environment ids"),
+    "train": ("simpop.train.cli", "train a policy (GRPO/PPO/co-training)"),
     "demo": ("simpop.envs.persuasion.demo", "run a few Persuasion-for-Good dialogues with the native persuadee"),
     "serve": ("simpop.agents.serve", "serve a backend over an OpenAI-compatible HTTP API"),
     "experiment": ("simpop.experiments.cli", "run an experiment (collapse)"),

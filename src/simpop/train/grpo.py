@@ -32,7 +32,7 @@ import time
 from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, Literal
 
 import numpy as np
 import torch
@@ -99,7 +99,7 @@ class GRPOConfig:
     temperature: float = 1.0
     top_p: float = 1.0
     model: str = "smollm2"
-    dtype: str = "float32"
+    dtype: Literal["float32", "bfloat16"] = "float32"
     lora: bool = False
     lora_r: int = 16
     lora_alpha: int = 32
