@@ -257,7 +257,8 @@ class LLMPolicy:
     It satisfies :class:`~simpop.train.rollout.TokenPolicy`, so the rollout engine tracks its tokens.
 
     Args:
-        backend: The model. For full fine-tuning build it with ``trainable=True``.
+        backend: The model. For full fine-tuning build it with ``trainable=True`` (a frozen backend
+            without LoRA makes a policy that can roll out but not train).
         sampling: Decoding settings of the policy's turns.
         lora: Train a LoRA adapter (added here as ``adapter``) instead of all weights.
         lora_r: LoRA rank.
@@ -277,9 +278,6 @@ class LLMPolicy:
         self._reference: TransformersBackend | None = None
         if lora:
             backend.add_adapter(adapter, r=lora_r, alpha=lora_alpha)
-        elif not backend.parameters():
-            raise ValueError("the backend's weights are frozen: build TransformersBackend(trainable=True) for "
-                             "full fine-tuning, or pass lora=True")
 
     def system_prompt(self, observation: dict[str, Any]) -> str | None:
         if self._system_prompt is not None:
@@ -378,6 +376,9 @@ class GRPOTrainer:
         self.env_id, self.policy, self.simulator, self.config = env_id, policy, simulator, config
         self.engine = RolloutEngine(env_id, policy, simulator, n_envs=config.n_envs, env_kwargs=env_kwargs)
         self.text = isinstance(policy, LLMPolicy)
+        if not list(policy.parameters()):
+            raise ValueError("the policy has no trainable weights: build TransformersBackend(trainable=True) for "
+                             "full fine-tuning, or LLMPolicy(..., lora=True)")
         lr = config.lr or (1e-4 if self.text and policy.lora else 1e-5 if self.text else 1e-2)
         self.optimizer = torch.optim.Adam(list(policy.parameters()), lr=lr)
         self.reference = (copy.deepcopy(policy).requires_grad_(False)
