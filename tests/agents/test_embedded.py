@@ -67,7 +67,9 @@ def test_conversion_into_a_fresh_cache(monkeypatch, tmp_path, one_torch_thread):
     monkeypatch.setenv("SIMPOP_CACHE_DIR", str(tmp_path))
     path = embedded_model_path()
     assert path == tmp_path / "SmolLM2-135M-Instruct"
-    assert {"config.json", "model.safetensors", "tokenizer.json", "chat_template.jinja"} <= {p.name for p in path.iterdir()}
+    assert {"config.json", "model.safetensors", "tokenizer.json", "chat_template.jinja"} <= {
+        p.name for p in path.iterdir()
+    }
     start = time.perf_counter()
     assert embedded_model_path() == path
     assert time.perf_counter() - start < 0.1  # a cache hit does no work

@@ -1,4 +1,7 @@
-"""OpenAIBackend end to end against a real ``simpop serve`` on 127.0.0.1 (scripted backend, one real-model trip)."""
+"""OpenAIBackend end to end against a real ``simpop serve`` on 127.0.0.1.
+
+A scripted backend sits behind the server, except in one round trip with the real model.
+"""
 
 from __future__ import annotations
 
@@ -37,7 +40,9 @@ def test_seeds_differ_per_chat_so_repeated_chats_still_sample():
 
 def test_concurrency_limit_is_respected():
     with make_server(EchoBackend(delay_s=0.05), port=0, max_batch=1).start() as server:
-        OpenAIBackend(server.url, "echo", max_concurrency=3).generate(chats(9), SamplingParams(max_new_tokens=2))
+        OpenAIBackend(server.url, "echo", max_concurrency=3).generate(
+            chats(9), SamplingParams(max_new_tokens=2)
+        )
         stats = server.stats()
     assert stats["requests"] == 9 and stats["max_in_flight"] == 3
 
@@ -79,7 +84,9 @@ def test_bad_api_key_fails_at_once(monkeypatch):
 
 def test_client_errors_surface_the_server_message():
     with make_server(EchoBackend(reject=("hello 0",)), port=0).start() as server:
-        with pytest.raises(RemoteBackendError, match="HTTP 404.*the model 'gpt-4' does not exist; this server serves 'echo'"):
+        with pytest.raises(
+            RemoteBackendError, match="HTTP 404.*the model 'gpt-4' does not exist; this server serves 'echo'"
+        ):
             OpenAIBackend(server.url, "gpt-4").generate(chats(1), SamplingParams(max_new_tokens=2))
         with pytest.raises(RemoteBackendError, match="HTTP 400.*too long for the model"):
             OpenAIBackend(server.url, "echo").generate(chats(1), SamplingParams(max_new_tokens=2))
@@ -134,6 +141,9 @@ def test_real_model_round_trip_matches_the_in_process_backend(one_torch_thread):
     local = model.generate(chats(2), params)
     for near, far in zip(local, remote):
         assert (far.text, far.token_ids, far.prompt_ids, far.finish_reason) == (
-            near.text, near.token_ids, near.prompt_ids, near.finish_reason
+            near.text,
+            near.token_ids,
+            near.prompt_ids,
+            near.finish_reason,
         )
         assert far.logprobs == pytest.approx(near.logprobs, abs=1e-4)

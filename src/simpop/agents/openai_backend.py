@@ -1,4 +1,4 @@
-"""Any OpenAI-compatible chat-completions server as a backend (vLLM, llama.cpp, ``simpop serve``, hosted APIs).
+"""Any OpenAI-compatible chat-completions server as a backend (vLLM, llama.cpp, ``simpop serve``, APIs).
 
 A batch of chats becomes concurrent HTTP requests (at most ``max_concurrency`` in flight per call).
 Connection errors, timeouts, HTTP 429 and 5xx are retried with exponential back-off; 401/403 and other
@@ -113,7 +113,9 @@ class OpenAIBackend:
             try:
                 async with asyncio.TaskGroup() as group:
                     tasks = [
-                        group.create_task(self._complete(client, semaphore, self._payload(chat, params, i), params))
+                        group.create_task(
+                            self._complete(client, semaphore, self._payload(chat, params, i), params)
+                        )
                         for i, chat in enumerate(chats)
                     ]
             except BaseExceptionGroup as failures:
@@ -139,7 +141,11 @@ class OpenAIBackend:
         return payload
 
     async def _complete(
-        self, client: httpx.AsyncClient, semaphore: asyncio.Semaphore, payload: dict[str, Any], params: SamplingParams
+        self,
+        client: httpx.AsyncClient,
+        semaphore: asyncio.Semaphore,
+        payload: dict[str, Any],
+        params: SamplingParams,
     ) -> Generation:
         import httpx
 
@@ -157,16 +163,20 @@ class OpenAIBackend:
                         return _parse_completion(response.json(), params)
                     status, message = response.status_code, _error_message(response)
                     if status in (401, 403):
+                        hint = "check api_key / OPENAI_API_KEY"
                         raise RemoteBackendError(
-                            f"{url} refused the request (HTTP {status}: {message}); check api_key / OPENAI_API_KEY",
-                            status,
+                            f"{url} refused the request (HTTP {status}: {message}); {hint}", status
                         )
                     if status != 429 and status < 500:
-                        raise RemoteBackendError(f"{url} rejected the request (HTTP {status}): {message}", status)
+                        raise RemoteBackendError(
+                            f"{url} rejected the request (HTTP {status}): {message}", status
+                        )
                     failure = f"HTTP {status}: {message}"
                     retry_after = _seconds(response.headers.get("retry-after"))
                 if attempt == self.max_retries:
-                    raise RemoteBackendError(f"{url} failed after {attempt + 1} attempts; last error: {failure}")
+                    raise RemoteBackendError(
+                        f"{url} failed after {attempt + 1} attempts; last error: {failure}"
+                    )
                 delay = min(self.max_backoff_s, self.backoff_s * 2**attempt) * random.uniform(0.5, 1.0)
                 await asyncio.sleep(max(delay, retry_after or 0.0))
                 attempt += 1

@@ -48,7 +48,7 @@ class RequestError(ValueError):
         self.status, self.param, self.code = status, param, code
 
 
-@dataclass
+@dataclass(eq=False)  # jobs are equal only to themselves (see key)
 class _Job:
     chats: list[Chat]
     params: SamplingParams
@@ -124,7 +124,8 @@ class MicroBatcher:
                 self._pending.clear()
                 return None
             first = self._pending[0]
-            deadline = first.arrived + self.window_s
+            mates_possible = first.params.seed is None
+            deadline = first.arrived + (self.window_s if mates_possible else 0.0)
             while not self._closed and self._rows(first.key) < self.max_batch and time.monotonic() < deadline:
                 self._cond.wait(deadline - time.monotonic())
             batch, rows = [], 0
@@ -141,7 +142,9 @@ class MicroBatcher:
     def _run(self, batch: list[_Job]) -> None:
         self.batches += 1
         try:
-            generations = self.backend.generate([chat for job in batch for chat in job.chats], batch[0].params)
+            generations = self.backend.generate(
+                [chat for job in batch for chat in job.chats], batch[0].params
+            )
         except ValueError as error:
             if len(batch) > 1:  # one bad request (e.g. too long) must not fail its batch mates
                 for job in batch:
@@ -173,7 +176,12 @@ class SimpopServer(ThreadingHTTPServer):
     daemon_threads = True
 
     def __init__(
-        self, address: tuple[str, int], backend: Backend, model_name: str, batcher: MicroBatcher, api_key: str | None
+        self,
+        address: tuple[str, int],
+        backend: Backend,
+        model_name: str,
+        batcher: MicroBatcher,
+        api_key: str | None,
     ) -> None:
         super().__init__(address, _Handler)
         self.backend, self.model_name, self.batcher, self.api_key = backend, model_name, batcher, api_key
@@ -190,7 +198,9 @@ class SimpopServer(ThreadingHTTPServer):
     def start(self) -> SimpopServer:
         """Serve from a daemon thread (for in-process use and tests); returns ``self``."""
         # A short poll interval makes close() quick (shutdown waits for the next poll).
-        self._thread = threading.Thread(target=self.serve_forever, args=(0.05,), name="simpop-serve", daemon=True)
+        self._thread = threading.Thread(
+            target=self.serve_forever, args=(0.05,), name="simpop-serve", daemon=True
+        )
         self._thread.start()
         return self
 
@@ -259,7 +269,12 @@ class _Handler(BaseHTTPRequestHandler):
     def do_GET(self) -> None:  # noqa: N802 (http.server's naming)
         if self.path.rstrip("/") == "/v1/models":
             if self._authorized():
-                model = {"id": self.server.model_name, "object": "model", "created": self.server.created, "owned_by": "simpop"}
+                model = {
+                    "id": self.server.model_name,
+                    "object": "model",
+                    "created": self.server.created,
+                    "owned_by": "simpop",
+                }
                 self._send(200, {"object": "list", "data": [model]})
         elif self.path.rstrip("/") == "/health":
             self._send(200, {"status": "ok", "model": self.server.model_name, **self.server.stats()})
@@ -269,7 +284,9 @@ class _Handler(BaseHTTPRequestHandler):
     def do_POST(self) -> None:  # noqa: N802
         body = self.rfile.read(int(self.headers.get("Content-Length") or 0))
         if self.path.rstrip("/") != "/v1/chat/completions":
-            self._send_error(RequestError(404, f"no route POST {self.path}; try /v1/chat/completions", code="not_found"))
+            self._send_error(
+                RequestError(404, f"no route POST {self.path}; try /v1/chat/completions", code="not_found")
+            )
             return
         with self.server.counting_request():
             if not self._authorized():
@@ -289,12 +306,21 @@ class _Handler(BaseHTTPRequestHandler):
         key = self.server.api_key
         if key is None or self.headers.get("Authorization") == f"Bearer {key}":
             return True
-        self._send_error(RequestError(401, "invalid or missing API key (send 'Authorization: Bearer <key>')", code="invalid_api_key"))
+        self._send_error(
+            RequestError(
+                401, "invalid or missing API key (send 'Authorization: Bearer <key>')", code="invalid_api_key"
+            )
+        )
         return False
 
     def _send_error(self, error: RequestError) -> None:
-        kind = {400: "invalid_request_error", 401: "authentication_error", 404: "not_found_error"}.get(error.status, "server_error")
-        self._send(error.status, {"error": {"message": str(error), "type": kind, "param": error.param, "code": error.code}})
+        kind = {400: "invalid_request_error", 401: "authentication_error", 404: "not_found_error"}.get(
+            error.status, "server_error"
+        )
+        self._send(
+            error.status,
+            {"error": {"message": str(error), "type": kind, "param": error.param, "code": error.code}},
+        )
 
     def _send(self, status: int, payload: dict[str, Any]) -> None:
         data = json.dumps(payload).encode()
@@ -323,11 +349,18 @@ def _parse_request(body: bytes, model_name: str) -> tuple[list[Chat], SamplingPa
     if not isinstance(model, str):
         raise RequestError(400, "'model' (a string) is required", param="model")
     if model != model_name:
-        raise RequestError(404, f"the model '{model}' does not exist; this server serves '{model_name}'", "model", "model_not_found")
+        raise RequestError(
+            404,
+            f"the model '{model}' does not exist; this server serves '{model_name}'",
+            "model",
+            "model_not_found",
+        )
     if request.get("stream"):
         raise RequestError(400, "streaming is not supported; leave 'stream' unset", param="stream")
     if request.get("top_logprobs"):
-        raise RequestError(400, "top_logprobs is not supported; only the chosen tokens' logprobs", param="top_logprobs")
+        raise RequestError(
+            400, "top_logprobs is not supported; only the chosen tokens' logprobs", param="top_logprobs"
+        )
     chat = _parse_messages(request.get("messages"))
     n = _number(request, "n", int, 1, lower=1, upper=MAX_N)
     max_tokens_field = "max_completion_tokens" if "max_completion_tokens" in request else "max_tokens"
@@ -358,13 +391,22 @@ def _parse_request(body: bytes, model_name: str) -> tuple[list[Chat], SamplingPa
 
 def _parse_messages(messages: Any) -> Chat:
     if not isinstance(messages, list) or not messages:
-        raise RequestError(400, "'messages' must be a non-empty list of {role, content} objects", param="messages")
+        raise RequestError(
+            400, "'messages' must be a non-empty list of {role, content} objects", param="messages"
+        )
     chat = []
     for message in messages:
         content = message.get("content") if isinstance(message, dict) else None
         if isinstance(content, list):  # OpenAI content parts: only text parts carry meaning here
-            if not all(isinstance(p, dict) and p.get("type") == "text" and isinstance(p.get("text"), str) for p in content):
-                raise RequestError(400, "only text content parts ({'type': 'text', 'text': ...}) are supported", param="messages")
+            if not all(
+                isinstance(p, dict) and p.get("type") == "text" and isinstance(p.get("text"), str)
+                for p in content
+            ):
+                raise RequestError(
+                    400,
+                    "only text content parts ({'type': 'text', 'text': ...}) are supported",
+                    param="messages",
+                )
             content = "".join(part["text"] for part in content)
         chat.append({"role": message.get("role") if isinstance(message, dict) else None, "content": content})
     try:
@@ -373,11 +415,17 @@ def _parse_messages(messages: Any) -> Chat:
         raise RequestError(400, str(error), param="messages") from None
 
 
-def _number(request: dict[str, Any], name: str, kind: type, default: Any, lower: float, upper: float | None = None) -> Any:
+def _number(
+    request: dict[str, Any], name: str, kind: type, default: Any, lower: float, upper: float | None = None
+) -> Any:
     value = request.get(name)
     if value is None:
         return default
-    if isinstance(value, bool) or not isinstance(value, (int, float)) or (kind is int and not isinstance(value, int)):
+    if (
+        isinstance(value, bool)
+        or not isinstance(value, (int, float))
+        or (kind is int and not isinstance(value, int))
+    ):
         raise RequestError(400, f"'{name}' must be {'an integer' if kind is int else 'a number'}", param=name)
     if value < lower or (upper is not None and value > upper):
         bounds = f">= {lower}" if upper is None else f"in [{lower}, {upper}]"
@@ -385,7 +433,9 @@ def _number(request: dict[str, Any], name: str, kind: type, default: Any, lower:
     return kind(value)
 
 
-def _completion_response(model_name: str, generations: list[Generation], params: SamplingParams) -> dict[str, Any]:
+def _completion_response(
+    model_name: str, generations: list[Generation], params: SamplingParams
+) -> dict[str, Any]:
     choices = []
     for index, generation in enumerate(generations):
         logprobs = None
@@ -413,7 +463,11 @@ def _completion_response(model_name: str, generations: list[Generation], params:
         "created": int(time.time()),
         "model": model_name,
         "choices": choices,
-        "usage": {"prompt_tokens": prompt_tokens, "completion_tokens": completion_tokens, "total_tokens": prompt_tokens + completion_tokens},
+        "usage": {
+            "prompt_tokens": prompt_tokens,
+            "completion_tokens": completion_tokens,
+            "total_tokens": prompt_tokens + completion_tokens,
+        },
         "prompt_token_ids": generations[0].prompt_ids,
     }
 
@@ -422,14 +476,22 @@ def _completion_response(model_name: str, generations: list[Generation], params:
 
 
 def configure(parser: argparse.ArgumentParser) -> None:
-    parser.add_argument("--model", default="smollm2", help="backend spec (see simpop.agents.load_backend); default smollm2")
+    parser.add_argument(
+        "--model", default="smollm2", help="backend spec (see simpop.agents.load_backend); default smollm2"
+    )
     parser.add_argument("--name", help="model id clients send (default: the backend's name)")
-    parser.add_argument("--host", default="127.0.0.1", help="interface to bind (0.0.0.0 exposes it to the network)")
+    parser.add_argument(
+        "--host", default="127.0.0.1", help="interface to bind (0.0.0.0 exposes it to the network)"
+    )
     parser.add_argument("--port", type=int, default=8000)
-    parser.add_argument("--dtype", choices=("float32", "bfloat16"), help="weights dtype of a transformers backend")
+    parser.add_argument(
+        "--dtype", choices=("float32", "bfloat16"), help="weights dtype of a transformers backend"
+    )
     parser.add_argument("--threads", type=int, help="torch threads of a transformers backend")
     parser.add_argument("--max-batch", type=int, default=32, help="most chats per backend call")
-    parser.add_argument("--batch-window-ms", type=float, default=10.0, help="how long a request waits for batch mates")
+    parser.add_argument(
+        "--batch-window-ms", type=float, default=10.0, help="how long a request waits for batch mates"
+    )
     parser.add_argument("--api-key", help="require this bearer token from clients")
     parser.add_argument("--log-requests", action="store_true", help="log every HTTP request")
 
@@ -437,7 +499,9 @@ def configure(parser: argparse.ArgumentParser) -> None:
 def run(args: argparse.Namespace) -> int:
     from simpop.agents import load_backend
 
-    logging.basicConfig(level=logging.DEBUG if args.log_requests else logging.INFO, format="%(asctime)s %(message)s")
+    logging.basicConfig(
+        level=logging.DEBUG if args.log_requests else logging.INFO, format="%(asctime)s %(message)s"
+    )
     options = {k: v for k, v in {"dtype": args.dtype, "threads": args.threads}.items() if v is not None}
     backend = load_backend(args.model, **options)
     server = make_server(

@@ -174,9 +174,15 @@ class TransformersBackend:
         step_logprobs = None
         if params.logprobs:
             # Scores are the processed ones (after temperature / top-p), i.e. the sampling distribution.
-            chosen = out.sequences[:, width:].unsqueeze(-1)
-            scores = torch.stack(out.scores, dim=1).float().log_softmax(-1)
-            step_logprobs = scores.gather(-1, chosen).squeeze(-1).tolist()
+            # One step at a time: stacking every step's full-vocabulary scores would double the memory.
+            chosen = out.sequences[:, width:]
+            step_logprobs = torch.stack(
+                [
+                    scores.float().log_softmax(-1).gather(-1, chosen[:, step, None]).squeeze(-1)
+                    for step, scores in enumerate(out.scores)
+                ],
+                dim=1,
+            ).tolist()
         return [
             self._finish(prompt, tokens, None if step_logprobs is None else step_logprobs[row], params.stop)
             for row, (prompt, tokens) in enumerate(zip(prompts, new_tokens))
@@ -194,11 +200,11 @@ class TransformersBackend:
         text = self.tokenizer.decode(tokens[:end], skip_special_tokens=True)
         if stop and any(s in text for s in stop):
             # The shortest prefix whose text contains a stop string: the tokens the model "said".
-            for end in range(1, end + 1):
-                prefix = self.tokenizer.decode(tokens[:end], skip_special_tokens=True)
+            for length in range(1, end + 1):
+                prefix = self.tokenizer.decode(tokens[:length], skip_special_tokens=True)
                 cut = min((prefix.find(s) for s in stop if s in prefix), default=-1)
                 if cut >= 0:
-                    text, finish_reason = prefix[:cut], "stop"
+                    end, text, finish_reason = length, prefix[:cut], "stop"
                     break
         return Generation(
             text=text,
@@ -216,7 +222,9 @@ class TransformersBackend:
             if not prompt:
                 raise ValueError(f"prompt {index} is empty; encode a chat with encode_chat() first")
             if not all(isinstance(t, int) and 0 <= t < self.vocab_size for t in prompt):
-                raise ValueError(f"prompt {index} holds values that are not token ids in [0, {self.vocab_size})")
+                raise ValueError(
+                    f"prompt {index} holds values that are not token ids in [0, {self.vocab_size})"
+                )
             if len(prompt) + params.max_new_tokens > limit:
                 raise ValueError(
                     f"prompt {index} has {len(prompt)} tokens; with max_new_tokens={params.max_new_tokens} "
@@ -316,7 +324,11 @@ class TransformersBackend:
         if name in self.adapter_names:
             raise ValueError(f"adapter {name!r} already exists; adapters: {self.adapter_names}")
         config = peft.LoraConfig(
-            r=r, lora_alpha=alpha, target_modules=list(target_modules), lora_dropout=dropout, task_type="CAUSAL_LM"
+            r=r,
+            lora_alpha=alpha,
+            target_modules=list(target_modules),
+            lora_dropout=dropout,
+            task_type="CAUSAL_LM",
         )
         if self._is_peft():
             self.model.add_adapter(name, config)
@@ -375,34 +387,51 @@ class TransformersBackend:
                 folder.mkdir(parents=True, exist_ok=True)
                 self.model.peft_config[name].save_pretrained(folder)
                 weights = peft.get_peft_model_state_dict(self.model, adapter_name=name)
-                save_file({k: v.detach().contiguous().cpu() for k, v in weights.items()}, folder / "adapter_model.safetensors")
-            manifest = {"kind": "adapters", "base": self.name, "adapters": self.adapter_names, "active": self.active_adapter}
+                save_file(
+                    {k: v.detach().contiguous().cpu() for k, v in weights.items()},
+                    folder / "adapter_model.safetensors",
+                )
+            manifest = {
+                "kind": "adapters",
+                "base": self.name,
+                "adapters": self.adapter_names,
+                "active": self.active_adapter,
+            }
         (path / _MANIFEST).write_text(json.dumps(manifest, indent=2))
 
     def load(self, path: str | Path) -> None:
-        """Restore a :meth:`save`: adapters are added (or overwritten) by name; full weights replace the base."""
+        """Restore a :meth:`save`: adapters are added (or overwritten) by name; full weights replace
+        the base model's."""
         torch, _ = _import_torch_transformers()
         import peft
         from safetensors.torch import load_file
 
         path = Path(path)
         if not (path / _MANIFEST).is_file():
-            raise FileNotFoundError(f"{path} holds no {_MANIFEST}: it was not written by TransformersBackend.save")
+            raise FileNotFoundError(
+                f"{path} holds no {_MANIFEST}: it was not written by TransformersBackend.save"
+            )
         manifest = json.loads((path / _MANIFEST).read_text())
         if manifest["kind"] == "adapters":
             for name in manifest["adapters"]:
                 folder = path / "adapters" / name
                 if name not in self.adapter_names:
                     config = peft.LoraConfig.from_pretrained(folder)
-                    self.add_adapter(name, config.r, config.lora_alpha, sorted(config.target_modules), config.lora_dropout)
+                    self.add_adapter(
+                        name, config.r, config.lora_alpha, sorted(config.target_modules), config.lora_dropout
+                    )
                 weights = load_file(folder / "adapter_model.safetensors", device=str(self.device))
                 result = peft.set_peft_model_state_dict(self.model, weights, adapter_name=name)
                 if result.unexpected_keys:
-                    raise ValueError(f"adapter {name!r} in {path} does not fit this model: {result.unexpected_keys[:3]}")
+                    raise ValueError(
+                        f"adapter {name!r} in {path} does not fit this model: {result.unexpected_keys[:3]}"
+                    )
             self.set_adapter(manifest["active"])
             return
         if self._is_peft():
-            raise ValueError("cannot load full weights into a backend with adapters; load them into a fresh backend")
+            raise ValueError(
+                "cannot load full weights into a backend with adapters; load them into a fresh backend"
+            )
         state: dict[str, torch.Tensor] = {}
         for file in sorted(path.glob("*.safetensors")):
             state.update(load_file(file, device=str(self.device)))
@@ -410,7 +439,11 @@ class TransformersBackend:
         # Tied weights (e.g. lm_head = embed_tokens) are saved once and filled through their twin.
         parameters = dict(self.model.named_parameters(remove_duplicate=False))
         loaded = {id(parameters[name]) for name in state if name in parameters}
-        untied_missing = [name for name in missing if name not in parameters or id(parameters[name]) not in loaded]
+        untied_missing = [
+            name for name in missing if name not in parameters or id(parameters[name]) not in loaded
+        ]
         if unexpected or untied_missing:
-            raise ValueError(f"weights in {path} do not fit this model: missing {untied_missing[:3]}, unexpected {unexpected[:3]}")
-
+            raise ValueError(
+                f"weights in {path} do not fit this model: "
+                f"missing {untied_missing[:3]}, unexpected {unexpected[:3]}"
+            )
