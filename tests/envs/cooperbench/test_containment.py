@@ -191,3 +191,16 @@ def test_trusted_commands_lose_their_escaped_children_too(tmp_path):
 def test_capabilities_are_described():
     text = CAPS.describe()
     assert "network" in text and "filesystem" in text and "process count" in text
+
+
+def test_fallbacks_without_namespaces(evaluator, task, monkeypatch):
+    """Where namespaces are not permitted: a Python socket guard, and the /proc marker scan for children."""
+    monkeypatch.setattr(sandbox, "capabilities", lambda: sandbox.Capabilities(namespaces=False, pids_cgroup=None))
+    code = "import socket\n\n\ndef f():\n    socket.create_connection(('192.0.2.1', 80), timeout=2).close()\n    return 1\n"
+    result = evaluator.test_feature(task, 1, _agent_patch(evaluator, task, code))
+    assert not result.passed and "network access is disabled in the simpop sandbox" in result.output_tail
+    command = ["bash", "-c", "setsid sleep 45.25 & sleep 0.3; exit 0"]
+    escaped = sandbox.run(command, Path("/tmp"), LIMITS, {"PATH": os.environ["PATH"]}, writable=[])
+    assert escaped.exit_code == 0 and escaped.leftovers_killed == 1
+    time.sleep(0.2)
+    assert _processes_with("45.25") == []

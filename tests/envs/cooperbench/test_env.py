@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import pickle
+from concurrent.futures import ThreadPoolExecutor
 
 import numpy as np
 import pytest
@@ -36,12 +37,18 @@ def env() -> CooperBenchEnv:
     return simpop.make("simpop/CooperBench-mini-v0")
 
 
-def test_gold_patches_on_every_mini_pair(env):
+def test_gold_patches_on_every_mini_pair():
     """Both seats submit gold: reward 1 on every clean pair; conflicting pairs fail under the lead rule."""
+
+    def play(scenario_id):
+        env = CooperBenchEnv("mini")  # one env per thread: episodes run side by side
+        _, step = _episode(env, scenario_id, ScriptedTeammate(seat="agent1"), ScriptedTeammate(seat="agent2"))
+        return scenario_id, step
+
+    with ThreadPoolExecutor(max_workers=3) as pool:
+        episodes = list(pool.map(play, CooperBenchEnv("mini").scenario_ids()))
     rewards = {}
-    for scenario_id in env.scenario_ids():
-        _, (_, reward, terminated, truncated, info) = _episode(
-            env, scenario_id, ScriptedTeammate(seat="agent1"), ScriptedTeammate(seat="agent2"))
+    for scenario_id, (_, reward, terminated, truncated, info) in episodes:
         assert terminated["agent1"] and not truncated["agent1"] and reward["agent1"] == reward["agent2"]
         result = info["agent1"]["cooperbench"]
         conflicting = scenario_id.rsplit("/", 1)[1] in CONFLICTING
@@ -103,6 +110,8 @@ def test_actions_results_and_invalid_actions():
                      ({"type": "write", "path": "/etc/x", "content": ""}, "absolute path"),
                      ({"type": "view", "path": ".git/config"}, "inside .git"),
                      ({"type": "write", "path": "calc", "content": ""}, "is a directory"),
+                     ({"type": "write", "path": "README.md/x.py", "content": ""}, "is a file"),
+                     ('{"type": "message", "text": "\\ud800"}', "unpaired surrogates"),
                      ({"type": "message", "text": "x" * 5000}, "limited to")]:
         view, info = step("agent1", bad)
         assert why in info["invalid_action"] and why in view["error"] and view["to_act"] == "agent1"

@@ -9,7 +9,7 @@ from simpop.envs.cooperbench.dataset import MINI_DIR
 
 
 def test_validation_of_the_mini_set(capsys):
-    assert validate.main(["--dataset", "mini", "--jobs", "2"]) == 0
+    assert validate.main(["--dataset", "mini", "--jobs", "3"]) == 0
     table = capsys.readouterr().out
     assert "| textkit/task1 | 1 | FAIL 4/5 | pass 5/5 | pass 5/5 |" in table
     assert "| kvstore/task2 | 3 | FAIL 2/3 | pass 3/3 | pass 3/3 |" in table

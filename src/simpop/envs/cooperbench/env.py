@@ -54,7 +54,6 @@ _FILES_CAP = 400
 _HISTORY_ACTION_CAP = 2_000
 _HISTORY_RESULT_CAP = 1_000
 _TAIL_CAP = 1_500
-_SKIP_DIRS = {".git", "__pycache__", ".pytest_cache"}
 
 
 class CooperBenchEnv(DialogueEnv):
@@ -128,6 +127,11 @@ class CooperBenchEnv(DialogueEnv):
             parsed = parse_action(action)
         except ActionError as exc:
             return str(exc)
+        try:
+            for text in (action, parsed.text, parsed.path, parsed.content):
+                (text or "").encode("utf-8")
+        except UnicodeEncodeError:
+            return "the action is not valid Unicode text (it holds unpaired surrogates)"
         if parsed.type == "message" and len(parsed.text or "") > MESSAGE_MAX_CHARS:
             return f"messages are limited to {MESSAGE_MAX_CHARS} characters"
         if parsed.path is not None:
@@ -139,6 +143,9 @@ class CooperBenchEnv(DialogueEnv):
                 return f"path {parsed.path!r} is not allowed: {problem}"
             if parsed.type == "write" and path in self._dirs(seat):
                 return f"{path!r} is a directory; write a file path"
+            parents = ["/".join(path.split("/")[:i]) for i in range(1, path.count("/") + 1)]
+            if parsed.type == "write" and any(p in self._files(seat) for p in parents):
+                return f"a parent of {path!r} is a file"
         return None
 
     def _apply(self, seat: str, action: str) -> str:
@@ -246,11 +253,7 @@ class CooperBenchEnv(DialogueEnv):
 
     def _task_files(self, task: Task) -> list[str]:
         if task.key not in self._base_files:
-            assert task.checkout is not None
-            root = task.checkout
-            self._base_files[task.key] = sorted(
-                p.relative_to(root).as_posix() for p in root.rglob("*")
-                if (p.is_file() or p.is_symlink()) and not _SKIP_DIRS & set(p.relative_to(root).parts))
+            self._base_files[task.key] = self.evaluator.base_files(task)
         return self._base_files[task.key]
 
     def _files(self, seat: str) -> list[str]:
@@ -271,16 +274,10 @@ class CooperBenchEnv(DialogueEnv):
             return self._changes[seat][path]
         if path not in self._task_files(self.scenario.task):
             return None
-        assert self.scenario.task.checkout is not None
-        target = self.scenario.task.checkout / path
-        root = self.scenario.task.checkout.resolve()
-        if not target.resolve().is_relative_to(root) or not target.is_file():
-            return None
-        data = target.read_bytes()
-        try:
-            return data.decode("utf-8")
-        except UnicodeDecodeError:
-            return f"(binary file, {len(data)} bytes)"
+        content = self.evaluator.read_base(self.scenario.task, path)
+        if content is not None and ("\0" in content or "\ufffd" in content):
+            return f"(binary file, {len(content)} characters)"
+        return content
 
 
 def _other(seat: str) -> str:

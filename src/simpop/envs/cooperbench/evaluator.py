@@ -49,7 +49,7 @@ from simpop.envs.cooperbench.patches import path_problem, strip_test_files, touc
 
 CONFLICT_RULES = ("lead", "union")
 #: Limits for git itself (it only ever sees validated patches).
-GIT_LIMITS = sandbox.Limits(timeout_s=120.0, memory_bytes=0, max_output_bytes=4 * 2**20)
+GIT_LIMITS = sandbox.Limits(timeout_s=120.0, max_output_bytes=4 * 2**20)
 _SUMMARY_RE = re.compile(r"^=*\s*(\d+ [a-z]+(?:, \d+ [a-z]+)*) in [\d.]+s\b.*$")
 _COUNT_RE = re.compile(r"(\d+) (passed|failed|errors?)\b")
 _EPOCH = "2000-01-01T00:00:00+0000"
@@ -217,6 +217,20 @@ class Evaluator:
                 target.write_text(content, encoding="utf-8")
             ws.git(repo, "add", "-A")
             return ws.diff(repo, "--cached")
+
+    def base_files(self, task: Task) -> list[str]:
+        """Every file of the task's base commit, sorted (untracked files of a checkout are not included)."""
+        source, sha = _base_repo(task)
+        listing = sandbox.run(["git", "ls-tree", "-r", "-z", "--name-only", sha], source, GIT_LIMITS, _git_env(source))
+        if not listing.ok:
+            raise RuntimeError(f"cannot list the base of {task.key}: {listing.tail(300)}")
+        return sorted(name for name in listing.output.split("\0") if name)
+
+    def read_base(self, task: Task, path: str) -> str | None:
+        """A file's text at the base commit (None if it is not a file there)."""
+        source, sha = _base_repo(task)
+        shown = sandbox.run(["git", "cat-file", "blob", f"{sha}:{path}"], source, GIT_LIMITS, _git_env(source))
+        return shown.output if shown.ok else None
 
     # ----------------------------------------------------------------- stages
     def _merge(self, ws: _Workspace, patch1: str, patch2: str) -> MergeResult:
