@@ -99,7 +99,8 @@ class Tau2Env(DialogueEnv):
     Args:
         domain: ``"mock"``, ``"airline"``, ``"retail"`` or ``"telecom"``.
         split: A task split from τ²'s split file (``"train"``, ``"test"``, ...), or None for all tasks.
-        max_steps: Seat actions before the episode is truncated.
+        max_steps: Seat actions (rejected ones included) before the episode is truncated; τ²'s own
+            ``max_steps`` also counts each tool result, so 100 here is about τ²'s 100–200.
         max_errors: Failed tool calls that end the episode (τ²'s ``max_errors``).
         max_user_repeats: Identical consecutive user messages that end the episode (None: never).
         max_user_errors: Consecutive rejected user actions that end the episode (None: never).
@@ -169,12 +170,12 @@ class Tau2Env(DialogueEnv):
         self._last_user_text: str | None = None
         self._user_repeats = 0
         self._user_rejections = 0
-        self._flags: dict[str, dict[str, Any]] = {}
+        self._step_info: dict[str, dict[str, Any]] = {}
 
     def step(self, actions: dict[str, Any]):
-        self._flags = {}
+        self._step_info = {}
         observations, rewards, terminations, truncations, infos = super().step(actions)
-        for seat, flags in self._flags.items():
+        for seat, flags in self._step_info.items():
             if seat in infos:
                 infos[seat].update(flags)
         return observations, rewards, terminations, truncations, infos
@@ -231,7 +232,6 @@ class Tau2Env(DialogueEnv):
             self._agent.pending = message
         else:
             self._user.pending = t2.UserMessage(role="user", content=parsed.content, tool_calls=calls or None)
-            self._user_rejections = 0
             self._count_user_repeat(seat, None if calls else action.strip())
         orch.step()
         if orch.to_role == t2.Role.ENV:
@@ -243,7 +243,7 @@ class Tau2Env(DialogueEnv):
                                      "error": m.error} for m in results]
             failed = [r["content"] for r in data["tool_results"] if r["error"]]
             if failed:
-                self._flags.setdefault(seat, {})["tool_errors"] = failed
+                self._step_info.setdefault(seat, {})["tool_errors"] = failed
             if orch.num_errors >= self.max_errors:
                 self._end(t2.TerminationReason.TOO_MANY_ERRORS)
         act = "stop" if orch.done else ("tool_call" if calls else "message")
