@@ -41,11 +41,13 @@ def task(tmp_path_factory) -> Task:
     task_dir = root / "box_task" / "task1"
     (task_dir / "repo" / "box").mkdir(parents=True)
     (task_dir / "repo" / "box" / "__init__.py").write_text("def f():\n    return 0\n")
+    os.symlink(root, task_dir / "repo" / "box" / "outside")  # a checkout symlink that leads out of the repo
     for fid in (1, 2):
         (task_dir / f"feature{fid}").mkdir()
         (task_dir / f"feature{fid}" / "feature.md").write_text("Make f() return 1.")
         (task_dir / f"feature{fid}" / "tests.patch").write_text(TESTS_PATCH)
-    (task_dir / "run_tests.sh").write_text("export PYTEST_DISABLE_PLUGIN_AUTOLOAD=1\npython -m pytest -q tests/test_box.py\n")
+    (task_dir / "run_tests.sh").write_text(
+        "export PYTEST_DISABLE_PLUGIN_AUTOLOAD=1\npython -m pytest -q tests/test_box.py\n")
     return load_dataset(root).tasks["box/task1"]
 
 
@@ -82,7 +84,8 @@ def test_patches_writing_outside_the_repo_are_rejected(evaluator, task, tmp_path
              "+++ b/../../escaped.py\n@@ -0,0 +1 @@\n+x\n"
     symlink = ("diff --git a/box/link b/box/link\nnew file mode 120000\n--- /dev/null\n+++ b/box/link\n"
                f"@@ -0,0 +1 @@\n+{tmp_path}\n\\ No newline at end of file\n")
-    for patch in (absolute, dotdot, symlink):
+    through = dotdot.replace("../../escaped.py", "box/outside/escaped.py")
+    for patch in (absolute, dotdot, symlink, through):
         result = evaluator.test_feature(task, 1, patch)
         assert not result.passed and result.error.startswith("patch rejected"), result
     pair = evaluator.evaluate(task, 1, 2, dotdot, _agent_patch(evaluator, task, "def f():\n    return 1\n"))
@@ -143,7 +146,8 @@ def test_network_is_unreachable_from_tests(evaluator, task):
     socket.create_connection(("127.0.0.1", port), timeout=2).close()  # reachable from here
     time.sleep(0.3)
     accepted.clear()
-    code = f"import socket\n\n\ndef f():\n    socket.create_connection(('127.0.0.1', {port}), timeout=2).close()\n    return 1\n"
+    code = (f"import socket\n\n\ndef f():\n    socket.create_connection(('127.0.0.1', {port}), timeout=2).close()\n"
+            "    return 1\n")
     result = evaluator.test_feature(task, 1, _agent_patch(evaluator, task, code))
     time.sleep(0.3)
     stop.set()
@@ -196,7 +200,8 @@ def test_capabilities_are_described():
 def test_fallbacks_without_namespaces(evaluator, task, monkeypatch):
     """Where namespaces are not permitted: a Python socket guard, and the /proc marker scan for children."""
     monkeypatch.setattr(sandbox, "capabilities", lambda: sandbox.Capabilities(namespaces=False, pids_cgroup=None))
-    code = "import socket\n\n\ndef f():\n    socket.create_connection(('192.0.2.1', 80), timeout=2).close()\n    return 1\n"
+    code = ("import socket\n\n\ndef f():\n    socket.create_connection(('192.0.2.1', 80), timeout=2).close()\n"
+            "    return 1\n")
     result = evaluator.test_feature(task, 1, _agent_patch(evaluator, task, code))
     assert not result.passed and "network access is disabled in the simpop sandbox" in result.output_tail
     command = ["bash", "-c", "setsid sleep 45.25 & sleep 0.3; exit 0"]

@@ -206,7 +206,8 @@ def _load_task(repo: str, task_dir: Path, repos_dir: Path | None) -> Task:
         if not (match and feature_dir.is_dir() and (feature_dir / "tests.patch").is_file()):
             continue
         fid = int(match.group(1))
-        features[fid] = Feature(fid, _read(feature_dir / "feature.md") or "", _read(feature_dir / "feature.patch") or "",
+        features[fid] = Feature(fid, _read(feature_dir / "feature.md") or "",
+                                _read(feature_dir / "feature.patch") or "",
                                 _read(feature_dir / "tests.patch") or "")
     setup = _shell_assignments(_read(task_dir / "setup.sh") or "")
     script = _read(task_dir / "run_tests.sh") or _read(task_dir / "runner.sh")

@@ -34,7 +34,6 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any, ClassVar
 
-from gymnasium import spaces
 
 from simpop.envs.cooperbench.actions import Action, ActionError, parse_action
 from simpop.envs.cooperbench.dataset import FeaturePair, Task, load_dataset
@@ -267,7 +266,11 @@ class CooperBenchEnv(DialogueEnv):
 
     def _dirs(self, seat: str) -> set[str]:
         """Every directory of the seat's copy (``a``, ``a/b`` for ``a/b/c.py``)."""
-        return {"/".join(parts[:i]) for f in self._files(seat) for parts in [f.split("/")] for i in range(1, len(parts))}
+        dirs = set()
+        for path in self._files(seat):
+            parts = path.split("/")
+            dirs.update("/".join(parts[:i]) for i in range(1, len(parts)))
+        return dirs
 
     def _read(self, seat: str, path: str) -> str | None:
         if path in self._changes[seat]:

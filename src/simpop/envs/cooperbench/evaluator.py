@@ -180,7 +180,8 @@ class Evaluator:
             if merge.status in ("clean", "identical") or (self.conflict_rule == "union" and merge.merged_patch):
                 # The two features' runs are independent: run them side by side.
                 with ThreadPoolExecutor(max_workers=2) as pool:
-                    runs = [pool.submit(self._run_feature, ws, task, f, merge.merged_patch) for f in (feature1, feature2)]
+                    runs = [pool.submit(self._run_feature, ws, task, f, merge.merged_patch)
+                            for f in (feature1, feature2)]
                     r1, r2 = (run.result() for run in runs)
             else:
                 r1, r2 = self._lead_fallback(ws, task, feature1, feature2, merge, patch1)
@@ -190,7 +191,7 @@ class Evaluator:
         """Apply one patch (test files stripped) and run one feature's tests on it."""
         with _Workspace(task) as ws:
             clean = strip_test_files(_with_newline(patch))
-            problems = unsafe_paths(clean)
+            problems = unsafe_paths(clean, ws.source)
             if problems:
                 return FeatureResult(feature_id, error="patch rejected: " + "; ".join(problems))
             return self._run_feature(ws, task, feature_id, clean)
@@ -235,7 +236,7 @@ class Evaluator:
     # ----------------------------------------------------------------- stages
     def _merge(self, ws: _Workspace, patch1: str, patch2: str) -> MergeResult:
         patches = {"agent1": strip_test_files(_with_newline(patch1)), "agent2": strip_test_files(_with_newline(patch2))}
-        rejected = {seat: problems for seat, p in patches.items() if (problems := unsafe_paths(p))}
+        rejected = {seat: problems for seat, p in patches.items() if (problems := unsafe_paths(p, ws.source))}
         if patches["agent1"] and patches["agent1"] == patches["agent2"] and not rejected:
             return MergeResult({"agent1": "applied", "agent2": "applied"}, {}, "identical", "skip-merge-identical",
                                patches["agent1"])

@@ -59,7 +59,9 @@ class Report:
 
     def table(self) -> str:
         def verdict(r: FeatureResult | None) -> str:
-            return "-" if r is None else f"{'pass' if r.passed else 'FAIL'} {r.tests_passed}/{r.tests_passed + r.tests_failed}"
+            if r is None:
+                return "-"
+            return f"{'pass' if r.passed else 'FAIL'} {r.tests_passed}/{r.tests_passed + r.tests_failed}"
 
         rows = ["| task | feature | base | gold | combined |", "|---|---|---|---|---|"]
         rows += [f"| {c.task} | {c.feature} | {verdict(c.base)} | {verdict(c.gold)} | {verdict(c.combined)} |"
@@ -103,8 +105,10 @@ def validate(dataset: Dataset, evaluator: Evaluator, subset: str | None = None, 
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(prog="python -m simpop.envs.cooperbench.validate", description=__doc__.splitlines()[0])
-    parser.add_argument("--dataset", default="mini", help="CooperBench dataset/ folder (default: the packaged mini set)")
+    parser = argparse.ArgumentParser(prog="python -m simpop.envs.cooperbench.validate",
+                                     description=__doc__.splitlines()[0])
+    parser.add_argument("--dataset", default="mini",
+                        help="CooperBench dataset/ folder (default: the packaged mini set)")
     parser.add_argument("--repos", default=None, help="folder of repository checkouts at their base commits")
     parser.add_argument("--subset", default=None, help="only the pairs (and their tasks) of this subset")
     parser.add_argument("--evaluate-pairs", action="store_true", help="also run the full evaluation of every gold pair")
