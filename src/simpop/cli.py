@@ -18,6 +18,7 @@ COMMANDS: dict[str, tuple[str, str]] = {
     "demo": ("simpop.envs.persuasion.demo", "run a few Persuasion-for-Good dialogues with the native persuadee"),
     "serve": ("simpop.agents.serve", "serve a backend over an OpenAI-compatible HTTP API"),
     "experiment": ("simpop.experiments.cli", "run an experiment (collapse)"),
+    "audit": ("simpop.evaluation.audit", "measure how diverse simulators' replies are on fixed P4G histories"),
 }
 
 

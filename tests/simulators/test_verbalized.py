@@ -223,8 +223,8 @@ def test_simulator_never_crashes_and_counts_every_fallback(answers):
 def test_spec_and_validation():
     sim = VerbalizedSimulator(FakeBackend(), k=3, tau=0.7, floor=0.02,
                               params=SamplingParams(max_new_tokens=256))
-    assert str(sim.spec) == ("verbalized:fake?fallback_temperature=1.0&floor=0.02&k=3&max_new_tokens=256"
-                             "&personas=scenario&tau=0.7&temperature=0.0&top_p=1.0")
+    assert str(sim.spec) == ("verbalized:fake?fallback_max_new_tokens=64&fallback_temperature=1.0&floor=0.02&k=3"
+                             "&max_new_tokens=256&personas=scenario&tau=0.7&temperature=0.0&top_p=1.0")
     for bad in [dict(k=0), dict(tau=0), dict(floor=1.5)]:
         with pytest.raises(ValueError):
             VerbalizedSimulator(FakeBackend(), **bad)

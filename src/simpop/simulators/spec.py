@@ -150,7 +150,7 @@ KINDS: Mapping[str, Kind] = MappingProxyType({
     "verbalized": Kind("simpop.simulators.verbalized:VerbalizedSimulator",
                        "k candidate replies with verbalized probabilities, renormalised and sampled",
                        decoding={**_SAMPLING, "max_new_tokens": 256, "k": 5, "tau": 1.0, "floor": 0.01},
-                       extra={"fallback_temperature": 1.0}),
+                       extra={"fallback_temperature": 1.0, "fallback_max_new_tokens": 64}),
     "native": Kind("", "the env's own simulator (model: optional env id)", needs_model=False),
 })
 

@@ -320,13 +320,14 @@ class VerbalizedSimulator(LLMSimulator):
         d, e = dict(spec.decoding), dict(spec.extra)
         params = SamplingParams(max_new_tokens=d["max_new_tokens"], temperature=d["temperature"], top_p=d["top_p"])
         return cls(backend, d["k"], d["tau"], d["floor"], params, fallback_temperature=e["fallback_temperature"],
-                   personas=personas, persona_set=spec.personas)
+                   fallback_max_new_tokens=e["fallback_max_new_tokens"], personas=personas, persona_set=spec.personas)
 
     @property
     def spec(self) -> SimulatorSpec:
         decoding = {**self._decoding(), "k": self.k, "tau": float(self.tau), "floor": float(self.floor)}
         return SimulatorSpec(self.kind, self.backend.name, self.persona_set, decoding,
-                             {"fallback_temperature": float(self.fallback_params.temperature)})
+                             {"fallback_temperature": float(self.fallback_params.temperature),
+                              "fallback_max_new_tokens": self.fallback_params.max_new_tokens})
 
     @property
     def fallback_rate(self) -> float:

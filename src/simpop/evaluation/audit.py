@@ -1,0 +1,297 @@
+"""``simpop audit``: how diverse is a simulator's next reply to a fixed P4G dialogue history?
+
+For each simulator spec and each built-in history (:data:`HISTORIES`: greeting, inquiries, the
+persuasion strategies, asking for the donation, pushing after a refusal ...), the audit samples ``n``
+replies (``n`` slots of one batch, each with its own seeded generator) and reports, averaged over the
+histories:
+
+- **distinct-1 / distinct-2**: distinct n-grams over all n-grams of the ``n`` replies;
+- **semantic diversity**: ``1 - mean pairwise cosine`` of the replies' sentence embeddings;
+- **outcome entropy** (bits, at most log2 3): the decision each reply states, read by
+  :func:`simpop.envs.persuasion.outcome.parse_donation`: ``donate`` (> $0), ``refuse`` ($0) or
+  ``undecided`` (no decision);
+- **act entropy** (bits): of the persuadee act each reply performs, with the persuasion act classifier;
+- **mode share**: the fraction of replies equal to the most common one (1 = fully collapsed);
+- **parse-failure rate** of verbalized simulators (answers that fell back to plain sampling).
+
+The histories are replayed through the text env, so each simulator sees exactly the observation it
+would see in an episode. Writes ``summary.json`` (every figure and every sampled reply) and
+``report.md`` (tables) to ``--out``.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import math
+import time
+from collections import Counter
+from collections.abc import Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from simpop.evaluation.diversity import Embedder, distinct_n, label_entropy, load_embedder, semantic_diversity
+
+DEFAULT_SIMULATORS = ("frozen:smollm2", "verbalized:smollm2?k=5", "frozen:smollm2?temperature=1.0")
+DEFAULT_ENV = "simpop/Persuasion-v0"
+
+
+@dataclass(frozen=True)
+class History:
+    """A P4G dialogue so far: alternating persuader / persuadee messages, ending with the persuader's.
+
+    Attributes:
+        id: Short name.
+        stage: What the persuadee is answering.
+        turns: Messages, persuader first.
+    """
+
+    id: str
+    stage: str
+    turns: tuple[str, ...]
+
+
+_HELLO = ("Hi there! How are you doing today?", "I'm doing well, thanks. How about you?")
+_INTRO = _HELLO + ("Great! Have you ever heard of the charity Save the Children?",
+                   "I think I've heard the name, but I don't know much about it.")
+
+#: Fixed histories at different stages of a persuasion dialogue (none states a decision yet).
+HISTORIES: tuple[History, ...] = (
+    History("greeting", "the opening greeting", _HELLO[:1]),
+    History("source-inquiry", "a question about the charity", _HELLO + (
+        "Great! Have you ever heard of the charity Save the Children?",)),
+    History("task-inquiry", "a question about their giving habits", _HELLO + (
+        "Good to hear. Do you usually donate to charities?",)),
+    History("emotion-appeal", "an emotional appeal", _INTRO + (
+        "Imagine a little girl in a war zone who hasn't eaten in days. Save the Children gets food and "
+        "medicine to kids like her.",)),
+    History("logical-appeal", "a logical appeal", _INTRO + (
+        "They help children in poverty with health care and education. Even small amounts go a long way, "
+        "because every dollar funds vaccines and school supplies.",)),
+    History("credibility-appeal", "a credibility appeal", _INTRO + (
+        "It was founded in 1919 and is rated highly by Charity Navigator, with most of its money going "
+        "straight to programs.",)),
+    History("proposition", "a proposition of donation", _INTRO + (
+        "They do amazing work for kids around the world.", "That sounds nice.",
+        "Would you be willing to donate part of your task payment to Save the Children?")),
+    History("ask-amount", "a request for the amount", _INTRO + (
+        "Would you consider donating part of your payment today?", "Maybe, I'd have to think about it.",
+        "How much would you like to donate? Anything from $0 to $2 helps.")),
+    History("after-hesitation", "a foot-in-the-door after hesitation", _INTRO + (
+        "Would you be willing to make a donation today?", "Hmm, I'm not sure. Money is tight for me right now.",
+        "I understand. Even a small amount like 10 cents makes a difference. Would you consider that?")),
+    History("personal-story", "a personal story", _HELLO + (
+        "When I was in college I volunteered at a shelter, and I saw how much a little help meant to the "
+        "kids there. That's why I support Save the Children.",)),
+)
+
+
+def outcome_label(text: str) -> str:
+    """``donate``, ``refuse`` or ``undecided``: the decision a persuadee reply states."""
+    from simpop.envs.persuasion.outcome import parse_donation
+
+    amount = parse_donation(text)
+    return "undecided" if amount is None else "donate" if amount > 0 else "refuse"
+
+
+def observation_for(env: Any, history: History, scenario_id: str, seed: int) -> str:
+    """The persuadee's observation after replaying ``history`` through ``env``."""
+    env.reset(seed=seed, options={"scenario_id": scenario_id})
+    for i, text in enumerate(history.turns):
+        seat = env.policy_seat if i % 2 == 0 else env.user_seat
+        if env.to_act != seat:
+            raise RuntimeError(f"history {history.id!r} cannot be replayed: turn {i} is {seat!r}'s, but the env "
+                               f"has {'ended' if env.done else repr(env.to_act) + ' to act'}")
+        _, _, _, _, infos = env.step({seat: text})
+        if infos[seat].get("invalid_action"):
+            raise RuntimeError(f"history {history.id!r} turn {i} was rejected: {infos[seat]['invalid_action']}")
+    if env.to_act != env.user_seat:
+        raise RuntimeError(f"history {history.id!r} must end with the persuader's message")
+    return env.text_observation(env.user_seat)
+
+
+def audit(specs: Sequence[str], n: int = 16, histories: Sequence[History] = HISTORIES, env_id: str = DEFAULT_ENV,
+          scenario_id: str | None = None, seed: int = 0, backends: dict | None = None,
+          embed: Embedder | None = None, progress: bool = True) -> dict[str, Any]:
+    """Sample ``n`` replies per history from each simulator and measure their diversity.
+
+    Args:
+        specs: Simulator spec strings (:mod:`simpop.simulators.spec`).
+        n: Replies sampled per history.
+        histories: The dialogue histories.
+        env_id: The P4G text env the histories are replayed in.
+        scenario_id: The scenario (persona) every history is played with (default: the env's first).
+        seed: Seeds the slots' generators.
+        backends: Model name -> backend cache (shared with the caller; filled as models load).
+        embed: Sentence embedder (default: the bundled MiniLM).
+        progress: Show a progress bar.
+
+    Returns:
+        The summary: ``config``, ``histories`` and, per simulator, mean ``metrics`` and ``per_history``
+        figures with the sampled replies.
+    """
+    import simpop
+    from simpop.simulators.spec import build_simulator
+    from simpop.simulators.verbalized import VerbalizedSimulator
+    from tqdm import tqdm
+
+    if n < 2:
+        raise ValueError(f"n must be >= 2 to measure diversity, got {n}")
+    env = simpop.make(env_id)
+    scenario_id = scenario_id or env.scenario_ids()[0]
+    observations = [observation_for(env, h, scenario_id, seed) for h in histories]
+    scenario = env.scenario
+    classify = _act_classifier()
+    embed = embed or load_embedder()
+    backends = {} if backends is None else backends
+    results = []
+    bar = tqdm(total=len(specs) * len(histories), desc="audit", disable=not progress)
+    for spec in specs:
+        simulator = build_simulator(spec, env=env, backends=backends)
+        rows = []
+        start = time.perf_counter()
+        for h, (history, obs) in enumerate(zip(histories, observations)):
+            before = dict(simulator.stats) if isinstance(simulator, VerbalizedSimulator) else None
+            simulator.reset_batch([scenario] * n, [np.random.default_rng([seed, h, i]) for i in range(n)])
+            replies = simulator.act_batch([obs] * n, list(range(n)))
+            row = _measure(replies, embed, classify)
+            row["parse_failure_rate"] = None if before is None else (
+                (simulator.stats["fallbacks"] - before["fallbacks"]) / (simulator.stats["calls"] - before["calls"]))
+            rows.append({"history": history.id, **row, "replies": replies})
+            bar.update()
+        metrics = {key: _mean([r[key] for r in rows]) for key in rows[0] if key not in ("history", "replies")}
+        results.append({"spec": spec, "resolved": str(simulator.spec), "metrics": metrics,
+                        "seconds": round(time.perf_counter() - start, 1), "per_history": rows})
+    bar.close()
+    return {"config": {"n": n, "env": env_id, "scenario_id": scenario_id, "seed": seed,
+                       "act_classifier": classify is not None},
+            "histories": [{"id": h.id, "stage": h.stage, "turns": list(h.turns)} for h in histories],
+            "simulators": results}
+
+
+def _act_classifier():
+    """The persuadee act classifier of the persuasion env, if it has one."""
+    from simpop.envs.persuasion import acts
+
+    return getattr(acts, "classify_persuadee", None)
+
+
+def _measure(replies: list[str], embed: Embedder, classify) -> dict[str, Any]:
+    most_common = Counter(replies).most_common(1)[0][1]
+    return {
+        "distinct_1": distinct_n(replies, 1),
+        "distinct_2": distinct_n(replies, 2),
+        "semantic_diversity": semantic_diversity(replies, embed),
+        "outcome_entropy": label_entropy([outcome_label(r) for r in replies]),
+        "act_entropy": label_entropy([classify(r) for r in replies]) if classify else None,
+        "mode_share": most_common / len(replies),
+        "outcomes": dict(Counter(outcome_label(r) for r in replies)),
+    }
+
+
+def _mean(values: list[Any]) -> Any:
+    if any(v is None for v in values):
+        return None
+    if isinstance(values[0], dict):  # outcome counts: summed over histories
+        total: Counter = Counter()
+        for v in values:
+            total.update(v)
+        return dict(total)
+    finite = [v for v in values if not math.isnan(v)]
+    return float(np.mean(finite)) if finite else math.nan
+
+
+COLUMNS = (("distinct_1", "distinct-1"), ("distinct_2", "distinct-2"), ("semantic_diversity", "semantic div."),
+           ("outcome_entropy", "outcome H (bits)"), ("act_entropy", "act H (bits)"), ("mode_share", "mode share"),
+           ("parse_failure_rate", "VS parse failures"))
+
+
+def _cell(value: Any) -> str:
+    if value is None:
+        return "n/a"
+    return "nan" if math.isnan(value) else f"{value:.3f}"
+
+
+def render_report(summary: dict[str, Any]) -> str:
+    """The markdown report of an :func:`audit` summary."""
+    cfg = summary["config"]
+    lines = ["# Simulator diversity audit", "",
+             f"{cfg['n']} replies per history, {len(summary['histories'])} P4G histories ({cfg['env']}, "
+             f"scenario {cfg['scenario_id']}, seed {cfg['seed']}). Means over histories. Outcome entropy is at "
+             f"most log2(3) = 1.585 bits."
+             + ("" if cfg["act_classifier"] else " Act entropy: n/a (no persuadee act classifier)."), "",
+             "| simulator | " + " | ".join(title for _, title in COLUMNS) + " | outcomes (all histories) | s |",
+             "|---|" + "---|" * (len(COLUMNS) + 2)]
+    for sim in summary["simulators"]:
+        m = sim["metrics"]
+        outcomes = ", ".join(f"{k} {v}" for k, v in sorted(m["outcomes"].items()))
+        lines.append(f"| `{sim['spec']}` | " + " | ".join(_cell(m.get(key)) for key, _ in COLUMNS)
+                     + f" | {outcomes} | {sim['seconds']} |")
+    lines += ["", "## Semantic diversity per history", "",
+              "| history | stage | " + " | ".join(f"`{s['spec']}`" for s in summary["simulators"]) + " |",
+              "|---|---|" + "---|" * len(summary["simulators"])]
+    for i, history in enumerate(summary["histories"]):
+        lines.append(f"| {history['id']} | {history['stage']} | "
+                     + " | ".join(_cell(s["per_history"][i]["semantic_diversity"]) for s in summary["simulators"])
+                     + " |")
+    lines += ["", "## Example replies (first history, first three samples)", ""]
+    for sim in summary["simulators"]:
+        lines.append(f"- `{sim['spec']}`: " + " / ".join(repr(r) for r in sim["per_history"][0]["replies"][:3]))
+    return "\n".join(lines) + "\n"
+
+
+def write(summary: dict[str, Any], out: str | Path) -> Path:
+    """Write ``summary.json`` and ``report.md`` into ``out`` (created if needed)."""
+    out = Path(out)
+    out.mkdir(parents=True, exist_ok=True)
+    (out / "summary.json").write_text(json.dumps(_json_safe(summary), indent=2, ensure_ascii=False))
+    (out / "report.md").write_text(render_report(summary))
+    return out
+
+
+def _json_safe(value: Any) -> Any:
+    """NaN -> None, so that summary.json is strict JSON."""
+    if isinstance(value, float) and math.isnan(value):
+        return None
+    if isinstance(value, dict):
+        return {k: _json_safe(v) for k, v in value.items()}
+    if isinstance(value, list):
+        return [_json_safe(v) for v in value]
+    return value
+
+
+def configure(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("--sim", action="append", metavar="SPEC",
+                        help="simulator spec (repeatable), e.g. 'verbalized:smollm2?k=5'; default: "
+                             + ", ".join(DEFAULT_SIMULATORS))
+    parser.add_argument("--n", type=int, default=16, help="replies sampled per history (default 16)")
+    parser.add_argument("--histories", default="all",
+                        help="comma-separated history ids, or 'all' (ids: " + ", ".join(h.id for h in HISTORIES) + ")")
+    parser.add_argument("--env", default=DEFAULT_ENV, help=f"P4G text env id (default {DEFAULT_ENV})")
+    parser.add_argument("--scenario", default=None, help="scenario id (default: the env's first)")
+    parser.add_argument("--seed", type=int, default=0)
+    parser.add_argument("--out", default="runs/audit", help="output folder (default runs/audit)")
+
+
+def run(args: argparse.Namespace) -> int:
+    histories = select_histories(args.histories)
+    summary = audit(args.sim or list(DEFAULT_SIMULATORS), n=args.n, histories=histories, env_id=args.env,
+                    scenario_id=args.scenario, seed=args.seed)
+    out = write(summary, args.out)
+    print(render_report(summary))
+    print(f"wrote {out / 'summary.json'} and {out / 'report.md'}")
+    return 0
+
+
+def select_histories(names: str) -> list[History]:
+    """``'all'`` or comma-separated ids -> histories (unknown ids raise, listing the valid ones)."""
+    if names == "all":
+        return list(HISTORIES)
+    by_id = {h.id: h for h in HISTORIES}
+    unknown = [name for name in names.split(",") if name not in by_id]
+    if unknown:
+        raise SystemExit(f"unknown history id(s) {', '.join(unknown)}; valid: {', '.join(by_id)}")
+    return [by_id[name] for name in names.split(",")]
