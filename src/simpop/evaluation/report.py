@@ -184,9 +184,11 @@ def render_report(summary: Mapping[str, Any], verdicts: Sequence[Verdict], plots
         f"training simulator(s). Wall time {summary['wall_time_s']:.0f} s.",
         "",
         "Values are the mean over seeds with a 95% Student-t CI. *Final* = the last evaluation. "
-        "Collapse gap = training-simulator success - held-out success. Policy entropy = mean entropy (nats) "
-        "of the policy's action distribution over its decisions in the held-out dialogues. Zero-variance "
-        "groups = share of GRPO groups whose rewards were all equal, averaged over all updates.",
+        "Collapse gap = training-simulator success - held-out success. Policy entropy = "
+        + ("mean per-token entropy (nats) of the policy's generated tokens" if setup["level"] == "text"
+           else "mean entropy (nats) of the policy's action distribution over its decisions")
+        + " in the held-out dialogues. Zero-variance groups = share of GRPO groups whose rewards were all "
+        "equal, averaged over all updates.",
         "",
         "## Summary (final values)",
         "",

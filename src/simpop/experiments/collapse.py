@@ -66,7 +66,7 @@ PANEL_JITTER = 0.35
 ENV_IDS = {"act": "simpop/PersuasionAct-v0", "text": "simpop/Persuasion-v0"}
 #: Defaults that depend on the level (fields left at None take these).
 LEVEL_DEFAULTS: dict[str, dict[str, Any]] = {
-    "act": {"seeds": 5, "updates": 100, "group_size": 8, "scenarios_per_update": 8, "eval_every": 10,
+    "act": {"seeds": 5, "updates": 200, "group_size": 8, "scenarios_per_update": 8, "eval_every": 20,
             "eval_episodes": 64, "max_turns": 10, "workers": 2},
     "text": {"seeds": 1, "updates": 2, "group_size": 2, "scenarios_per_update": 2, "eval_every": 1,
              "eval_episodes": 2, "max_turns": 2, "workers": 1},
@@ -82,10 +82,10 @@ class CollapseConfig:
         seeds: Seeds per condition (the same seeds for every condition); None: act 5, text 1.
         first_seed: The first seed; seeds are ``first_seed .. first_seed + seeds - 1``.
         conditions: Conditions to run, a subset of frozen, verbalized, cotrain, population.
-        updates: Policy updates per run (the equal budget); None: act 100, text 2.
+        updates: Policy updates per run (the equal budget); None: act 200, text 2.
         group_size: GRPO dialogues per scenario; None: act 8, text 2.
         scenarios_per_update: GRPO groups per update; None: act 8, text 2.
-        eval_every: Updates between evaluations (also at 0 and at the end); None: act 10, text 1.
+        eval_every: Updates between evaluations (also at 0 and at the end); None: act 20, text 1.
         eval_episodes: Dialogues per panel member and on the training simulator per evaluation; None:
             act 64, text 2.
         max_turns: Persuader turns per dialogue; None: act 10, text 2.
