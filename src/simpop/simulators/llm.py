@@ -20,6 +20,7 @@ from __future__ import annotations
 import copy
 import dataclasses
 import json
+import logging
 from collections.abc import Sequence
 from typing import Any
 
@@ -29,6 +30,8 @@ from simpop.agents.base import Backend, Chat, SamplingParams
 from simpop.envs.dialogue import parse_observation
 from simpop.simulators.base import Simulator
 from simpop.simulators.spec import SCENARIO_PERSONAS, SimulatorSpec
+
+logger = logging.getLogger(__name__)
 
 #: Sent instead of an empty reply: it keeps the dialogue going without deciding anything.
 FALLBACK_REPLY = "Sorry, could you say that again?"
@@ -147,6 +150,7 @@ class LLMSimulator(Simulator):
             text = text.strip()
             if not text:
                 self.stats["empty_replies"] += 1
+                logger.debug("%s: empty reply replaced by %r", self.name, self.fallback_reply)
                 text = self.fallback_reply
             replies.append(text)
         self.stats["replies"] += len(replies)

@@ -18,6 +18,7 @@ from __future__ import annotations
 import ast
 import dataclasses
 import json
+import logging
 import math
 import re
 from collections.abc import Sequence
@@ -29,6 +30,8 @@ import numpy as np
 from simpop.agents.base import Backend, SamplingParams
 from simpop.simulators.llm import FALLBACK_REPLY, LLMSimulator
 from simpop.simulators.spec import SimulatorSpec
+
+logger = logging.getLogger(__name__)
 
 #: Appended to the scenario's user instructions; ``{k}`` is the number of candidates.
 VERBALIZED_INSTRUCTIONS = """
@@ -341,7 +344,9 @@ class VerbalizedSimulator(LLMSimulator):
         results = [parse_verbalized(t, self.k) for t in texts]
         self.stats["calls"] += len(results)
         self.stats["fallbacks"] += sum(not r.ok for r in results)
-        for r in results:
+        for text, r in zip(texts, results):
+            if not r.ok:
+                logger.debug("%s: unusable verbalized answer (%s), falling back: %.200r", self.name, r.error, text)
             for key, n in r.repairs.items():
                 self.stats[f"repair:{key}"] = self.stats.get(f"repair:{key}", 0) + n
         return results
