@@ -277,7 +277,7 @@ class Panel:
         4. **model**: ``P.spec.model`` is not the model of every ``T_j`` (with one training model, ``P``
            must use another; when training mixes models, ``P`` may share one of them).
         """
-        train = leaf_simulators(list(training.members) if isinstance(training, Population) else list(training))
+        train = leaf_simulators([training] if isinstance(training, Population) else list(training))
         if not train:
             raise PanelOverlapError("no training simulators to check the panel against")
         problems = []

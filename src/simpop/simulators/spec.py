@@ -11,9 +11,11 @@ command line a spec is a string::
     params  := key "=" value ("&" key "=" value)*
     value   := percent-encoded text; numbers as Python writes them (0.7, 5)
 
-``personas`` (the persona set the simulator plays; ``scenario`` = the scenario's own persona) is valid
-for every kind; the other keys depend on the kind (see :data:`KINDS`). Parsing fills in every default,
-so ``str(spec)`` is canonical and ``SimulatorSpec.parse(str(spec)) == spec``. Examples::
+``personas`` (the persona set the simulator plays; ``scenario`` = the scenario's own persona; other
+names come from ``env.persona_set(name)``) is valid for every kind; the other keys depend on the kind
+(see :data:`KINDS`). Parsing fills in every default, so ``str(spec)`` is canonical and
+``SimulatorSpec.parse(str(spec)) == spec`` for the kinds in :data:`KINDS` (the specs of populations and
+custom simulators are strings for reports only). Examples::
 
     frozen:smollm2                                   greedy (the mode-collapsed baseline)
     frozen:smollm2?temperature=1.0                   plain sampling
