@@ -38,7 +38,8 @@ def test_replay_matches_the_numpy_model():
     sim = TrainableActPersuadee(name="t")
     _collect(sim, n=24, seed=3)
     incl, decision, response = replay(sim.theta.detach(), sim.episodes, sim.temperature)
-    scores = sim.score(sim.episodes)
+    with torch.no_grad():
+        scores = sim.score(sim.episodes)
     model = sim.model
     for row, episode in enumerate(sim.episodes):
         state, total = model.initial_state(episode.persona), 0.0
@@ -92,3 +93,5 @@ def test_snapshot_is_frozen_and_independent():
     pool = CheckpointPool(max_size=2)
     frozen = pool.add_snapshot(sim, 7)
     assert frozen.name == "t@7" and frozen.params.intercept == sim.params.intercept
+    _collect(frozen, n=4)
+    assert frozen.episodes == []  # snapshots keep no records (they are never trained)

@@ -213,12 +213,12 @@ def render_report(summary: Mapping[str, Any], verdicts: Sequence[Verdict], plots
 
 
 # ============================================================================================== plots
-#: (file stem, metrics.jsonl kind, metric key, y label) of each plot.
+#: (file stem, metrics.jsonl kind, metric key, y label, (low, high) range of the metric) of each plot.
 PLOTS = (
-    ("heldout_success", "eval", "heldout_success", "held-out panel success"),
-    ("train_success", "eval", "train_success", "training-simulator success"),
-    ("policy_entropy", "eval", "policy_entropy", "policy entropy (nats, held-out dialogues)"),
-    ("zero_var_frac", "train", "zero_var_frac", "zero-variance group fraction"),
+    ("heldout_success", "eval", "heldout_success", "held-out panel success", (0.0, 1.0)),
+    ("train_success", "eval", "train_success", "training-simulator success", (0.0, 1.0)),
+    ("policy_entropy", "eval", "policy_entropy", "policy entropy (nats, held-out dialogues)", (0.0, None)),
+    ("zero_var_frac", "train", "zero_var_frac", "zero-variance group fraction", (0.0, 1.0)),
 )
 
 
@@ -251,7 +251,7 @@ def plot_curves(records: Sequence[Mapping[str, Any]], out_dir: str | Path, order
 
     out_dir = Path(out_dir)
     paths = []
-    for stem, kind, metric, label in PLOTS:
+    for stem, kind, metric, label, (low, high) in PLOTS:
         data = curves(records, kind, metric)
         if not data:
             continue
@@ -260,7 +260,9 @@ def plot_curves(records: Sequence[Mapping[str, Any]], out_dir: str | Path, order
         for name in names:
             steps, mean, lo, hi = data[name]
             (line,) = ax.plot(steps, mean, label=name, linewidth=1.8)
-            ax.fill_between(steps, lo, hi, color=line.get_color(), alpha=0.2, linewidth=0)
+            # A t-interval can leave the metric's range (e.g. above 1 for a rate); draw only the possible part.
+            ax.fill_between(steps, np.clip(lo, low, high), np.clip(hi, low, high), color=line.get_color(), alpha=0.2,
+                            linewidth=0)
         ax.set_xlabel("policy updates")
         ax.set_ylabel(label)
         ax.set_title(f"{label} (mean, 95% CI over seeds)", fontsize=10)

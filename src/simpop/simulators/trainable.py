@@ -249,7 +249,8 @@ class TrainableActPersuadee(ActPersuadee, Trainable):
     def reset_batch(self, scenarios: list[Any], rngs: list[np.random.Generator]) -> None:
         super().reset_batch(scenarios, rngs)
         self._slot_episode = [ActEpisode(self.persona_override or s.persona) for s in scenarios]
-        self.episodes.extend(self._slot_episode)
+        if not self.frozen:  # snapshots are never trained: keeping their dialogues would only grow memory
+            self.episodes.extend(self._slot_episode)
 
     def _reply(self, slot: int, act: str, commit: bool):
         state, outcome = super()._reply(slot, act, commit)
@@ -375,7 +376,8 @@ class TrainableLLMSimulator(LLMSimulator, Trainable):
     def reset_batch(self, scenarios: list[Any], rngs: list[np.random.Generator]) -> None:
         super().reset_batch(scenarios, rngs)
         self._slot_episode = [LLMEpisode() for _ in scenarios]
-        self.episodes.extend(self._slot_episode)
+        if not self.frozen:  # snapshots are never trained: keeping their dialogues would only grow memory
+            self.episodes.extend(self._slot_episode)
 
     def raw_generate(self, chats: list[Chat], params: SamplingParams) -> list[str]:
         """Generate with this simulator's adapter, keeping ids and log-probs of every reply."""
