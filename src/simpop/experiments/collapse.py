@@ -109,6 +109,8 @@ class CollapseConfig:
         max_new_tokens: Text level: tokens per policy and simulator turn.
         dtype: Text level: ``float32`` or ``bfloat16``.
         workers: Parallel processes over (condition, seed) runs; None: act 2, text 1.
+        threads: Torch threads per run; None: 1 at the act level (tiny matrices), torch's default at the
+            text level. On a busy CPU, 1 avoids threads spinning against each other.
     """
 
     level: Literal["act", "text"] = "act"
@@ -140,6 +142,7 @@ class CollapseConfig:
     max_new_tokens: int = 24
     dtype: str = "float32"
     workers: int | None = None
+    threads: int | None = None
 
     def __post_init__(self) -> None:
         def need(ok: bool, message: str) -> None:
@@ -166,6 +169,7 @@ class CollapseConfig:
              f"verbalized_tau must be > 0 and verbalized_floor in [0, 1); got {self.verbalized_tau}, "
              f"{self.verbalized_floor}")
         need(self.dtype in ("float32", "bfloat16"), f"dtype must be float32 or bfloat16, got {self.dtype!r}")
+        need(self.threads is None or self.threads >= 1, f"threads must be >= 1 or None, got {self.threads}")
 
     @property
     def env_id(self) -> str:
@@ -417,8 +421,9 @@ def run_one(config: CollapseConfig, condition: str, seed: int, out: Path, resume
     if saved is not None and int(saved.stem.split("_")[1]) >= config.updates:
         return run_dir
     threads = torch.get_num_threads()
-    if config.level == "act":  # tiny matrices: extra threads only spin (and crawl on a busy machine)
-        torch.set_num_threads(1)
+    # Act level: tiny matrices, where extra threads only spin (and crawl on a busy machine).
+    wanted = config.threads or (1 if config.level == "act" else threads)
+    torch.set_num_threads(wanted)
     try:
         _train_and_evaluate(config, condition, seed, run_dir, saved, report)
     finally:
@@ -585,9 +590,6 @@ def _json_default(value: Any) -> Any:
 # ============================================================================================ driver
 def _worker(args: tuple[CollapseConfig, str, int, str, bool, Any]) -> tuple[str, int, float]:
     config, condition, seed, out, resume, queue = args
-    import torch
-
-    torch.set_num_threads(1)  # one core per worker: the runs, not the tiny matrices, are parallel
     start = time.perf_counter()
     report = (lambda c, s, step, m: queue.put((c, s, step, m))) if queue is not None else None
     run_one(config, condition, seed, Path(out), resume, report)
@@ -608,8 +610,8 @@ def run_collapse(config: CollapseConfig, out: str | Path, resume: bool = False, 
     saved = {k: list(v) if isinstance(v, tuple) else v for k, v in dataclasses.asdict(config).items()}
     if resume and config_path.exists():
         previous = json.loads(config_path.read_text())
-        if previous != saved:
-            changed = sorted(k for k in saved if previous.get(k) != saved[k])
+        changed = sorted(k for k in saved if previous.get(k) != saved[k])  # a field added since reads as None
+        if changed:
             raise ValueError(f"--resume with different settings ({', '.join(changed)}) than the run in {out}; "
                              f"resume with the same flags or use another --out")
     config_path.write_text(json.dumps(saved, indent=2))
