@@ -183,7 +183,10 @@ def render_report(summary: Mapping[str, Any], verdicts: Sequence[Verdict], plots
         f"{setup['eval_every']} updates on {setup['eval_episodes']} dialogues per panel member and on the "
         f"training simulator(s). Wall time {summary['wall_time_s']:.0f} s.",
         "",
-        "Values are the mean over seeds with a 95% Student-t CI. *Final* = the last evaluation. "
+        "Values are the mean over seeds with a 95% Student-t CI"
+        + (" (one seed: the intervals collapse to the value, and no claim can be significant)"
+           if len(setup["seeds"]) == 1 else "")
+        + ". *Final* = the last evaluation. "
         "Collapse gap = training-simulator success - held-out success. Policy entropy = "
         + ("mean per-token entropy (nats) of the policy's generated tokens" if setup["level"] == "text"
            else "mean entropy (nats) of the policy's action distribution over its decisions")

@@ -50,7 +50,6 @@ from __future__ import annotations
 import dataclasses
 import json
 import math
-import os
 import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass

@@ -39,7 +39,6 @@ from simpop.envs.persuasion.model import (_DECISION_MASK, _SENTIMENT_SIGN, _U, A
                                           MODULATORS, RAPPORT_ACTS, PersuadeeModel, PersuadeeParams)
 from simpop.envs.persuasion.personas import Persona
 from simpop.envs.persuasion.simulators import ActPersuadee
-from simpop.simulators.base import Simulator
 from simpop.simulators.llm import LLMSimulator
 from simpop.simulators.spec import SimulatorSpec
 
@@ -448,9 +447,3 @@ class TrainableLLMSimulator(LLMSimulator, Trainable):
         clone.frozen = True
         return clone
 
-
-def trainable_members(simulator: Simulator) -> list[Trainable]:
-    """The unfrozen trainable simulators inside ``simulator`` (populations expanded)."""
-    from simpop.simulators.population import leaf_simulators
-
-    return [s for s in leaf_simulators([simulator]) if isinstance(s, Trainable) and not s.frozen]
