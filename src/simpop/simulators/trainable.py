@@ -57,12 +57,10 @@ class Scores:
     Attributes:
         logprob: Per dialogue, the summed log-probability of the simulator's own replies (tokens).
         kl: Per dialogue, the summed KL of its reply distributions to the base simulator's.
-        units: Per dialogue, how many replies (act level) or tokens (text) were scored.
     """
 
     logprob: torch.Tensor
     kl: torch.Tensor
-    units: torch.Tensor
 
 
 class Trainable(ABC):
@@ -268,9 +266,8 @@ class TrainableActPersuadee(ActPersuadee, Trainable):
         scored = [e for e in episodes if e.turns]
         logprob = torch.zeros(len(episodes), dtype=torch.float64)
         kl = torch.zeros(len(episodes), dtype=torch.float64)
-        units = torch.tensor([float(len(e.turns)) for e in episodes], dtype=torch.float64)
         if not scored:
-            return Scores(logprob, kl, units)
+            return Scores(logprob, kl)
         _, decision, response = replay(self.theta, scored, self.temperature)
         with torch.no_grad():
             _, decision_ref, response_ref = replay(self._base_theta, scored, self.temperature)
@@ -290,7 +287,7 @@ class TrainableActPersuadee(ActPersuadee, Trainable):
         rows = torch.as_tensor([i for i, e in enumerate(episodes) if e.turns])
         logprob = logprob.index_copy(0, rows, torch.where(valid_t, lp, zero).sum(1))
         kl = kl.index_copy(0, rows, torch.where(valid_t, turn_kl, zero).sum(1))
-        return Scores(logprob, kl, units)
+        return Scores(logprob, kl)
 
     def after_step(self) -> None:
         """Project :attr:`theta` into the parameter bounds and rebuild the acting model from it."""
@@ -397,10 +394,9 @@ class TrainableLLMSimulator(LLMSimulator, Trainable):
         """Summed token log-probs of each dialogue's replies (this adapter) and the k3 KL to the base model."""
         logprob = torch.zeros(len(episodes))
         kl = torch.zeros(len(episodes))
-        units = torch.zeros(len(episodes))
         rows = [(i, turn) for i, e in enumerate(episodes) for turn in e.turns]
         if not rows:
-            return Scores(logprob, kl, units)
+            return Scores(logprob, kl)
         sequences = [t.prompt_ids + t.token_ids for _, t in rows]
         masks = [[0] * len(t.prompt_ids) + [1] * len(t.token_ids) for _, t in rows]
         temperature = self.params.temperature
@@ -413,8 +409,7 @@ class TrainableLLMSimulator(LLMSimulator, Trainable):
         index = torch.as_tensor([i for i, _ in rows])
         logprob = logprob.index_add(0, index, (scores.logprobs * scores.mask).sum(1))
         kl = kl.index_add(0, index, per_token_kl.sum(1))
-        units = units.index_add(0, index, scores.mask.sum(1))
-        return Scores(logprob, kl, units)
+        return Scores(logprob, kl)
 
     def state_dict(self) -> dict[str, Any]:
         import peft

@@ -19,8 +19,9 @@ maximises
 
     J_k(θ) = -(p_k(θ) - τ)² - β · KL(π_θ || π_base),      τ = target_success (0.5)
 
-where ``p_k`` is the policy's success rate against it and the KL (per reply act, or per token) is
-measured on the states it visited. By the score-function identity, with ``s_i`` the success of its
+where ``p_k`` is the policy's success rate against it and the KL is that of a whole dialogue (summed
+over its reply acts, or tokens) on the states it visited, so that both terms are per-dialogue
+quantities on the same scale. By the score-function identity, with ``s_i`` the success of its
 dialogue ``i`` and ``log π_θ(i)`` the summed log-probability of its own replies in that dialogue,
 
     ∇ -(p_k - τ)² = -2 (p_k - τ) ∇p_k = 2 (τ - p_k) E[(s_i - b) ∇ log π_θ(i)]   (any baseline b),
@@ -30,10 +31,10 @@ gets the advantage
 
     A_i = 2 (τ - p̄) (s_i - p̄)                                   (:func:`simulator_advantages`)
 
-and the loss is ``-mean_i(A_i log π_θ(i)) + β · mean KL per reply``. When the policy wins too often
-(``p̄ > τ``), replies that led to a success get ``A_i < 0`` and become less likely (the simulator
-becomes harder exactly where the policy exploits it), and the reverse when ``p̄ < τ``; at ``p̄ = τ``
-the outcome term vanishes and only the KL anchor acts. (A per-dialogue reward such as
+and the loss is ``-mean_i(A_i log π_θ(i)) + β · mean_i KL_i`` (``KL_i`` summed over dialogue ``i``).
+When the policy wins too often (``p̄ > τ``), replies that led to a success get ``A_i < 0`` and become
+less likely (the simulator becomes harder exactly where the policy exploits it), and the reverse
+when ``p̄ < τ``; at ``p̄ = τ`` the outcome term vanishes and only the KL anchor acts. (A per-dialogue reward such as
 ``-(s_i - τ)²`` would not work: it equals 1/4 for every binary outcome.) Using ``p̄`` as the
 baseline and as ``p_k`` makes the estimate slightly biased for small N (``p̄`` contains ``s_i``);
 the bias is ``O(1/N)``.
@@ -224,7 +225,7 @@ class CoTrainer:
             for _ in range(c.sim_epochs):
                 scores = sim.score(sim.episodes)
                 policy_gradient = -(advantages.to(scores.logprob.dtype) * scores.logprob).mean()
-                kl = scores.kl.sum() / scores.units.sum().clamp(min=1.0)
+                kl = scores.kl.mean()
                 loss = policy_gradient + c.sim_kl_coef * kl
                 optimizer.zero_grad(set_to_none=True)
                 loss.backward()
