@@ -31,7 +31,7 @@ $(STAMP): pyproject.toml Makefile
 	touch $(STAMP)
 
 run: $(STAMP)
-	$(VENV)/bin/simpop demo
+	$(VENV)/bin/simpop experiment collapse --out $(OUT) --resume
 
 test: $(STAMP)
 	$(PY) -m pytest -q
