@@ -137,6 +137,9 @@ class ToyTextPolicy:
     def system_prompt(self, observation: dict[str, Any]) -> str | None:
         return observation["instructions"]
 
+    def generate_ids(self, prompts: list[list[int]], params: SamplingParams) -> list[Generation]:
+        return self.backend.generate_ids(prompts, params)
+
 
 class CountingSimulator(Simulator):
     """Replies ``"reply <slot> <n>"``; records batch sizes, resets and feedback."""

@@ -71,7 +71,10 @@ def save(run_dir: str | Path, step: int, state: dict[str, Any], keep: int | None
 
 
 def load(path: str | Path, restore_rng: bool = True) -> tuple[int, dict[str, Any]]:
-    """Read a checkpoint: ``(step, state)``; also restores the global RNG states unless told not to."""
+    """Read a checkpoint: ``(step, state)``; also restores the global RNG states unless told not to.
+
+    Checkpoints hold NumPy RNG state, so they are read as full pickles: load only checkpoints you trust.
+    """
     payload = torch.load(Path(path), map_location="cpu", weights_only=False)
     if restore_rng:
         set_rng_state(payload["rng"])

@@ -38,7 +38,7 @@ import numpy as np
 import torch
 from torch import nn
 
-from simpop.agents.base import SamplingParams
+from simpop.agents.base import Generation, SamplingParams
 from simpop.simulators.base import Simulator
 from simpop.train import checkpoint
 from simpop.train.rollout import RolloutEngine, RolloutStats, Trajectory
@@ -242,11 +242,15 @@ class ActPolicy(nn.Module):
         cdf = np.cumsum(probs, axis=1)
         return [int(min(np.searchsorted(row, x, side="right"), self.n_actions - 1)) for row, x in zip(cdf, u)]
 
+    def log_probs(self, observations: Sequence[Any] | torch.Tensor) -> torch.Tensor:
+        """Log-probabilities of every action, ``[B, n_actions]``, with gradient."""
+        obs = observations if isinstance(observations, torch.Tensor) else self.observations_tensor(observations)
+        return torch.log_softmax(self(obs), dim=-1)
+
     def log_probs_and_entropy(self, observations: Sequence[Any] | torch.Tensor,
                               actions: Sequence[int] | torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
         """``(log pi(a|o), entropy of pi(.|o))`` per pair, with gradient."""
-        obs = observations if isinstance(observations, torch.Tensor) else self.observations_tensor(observations)
-        log_probs = torch.log_softmax(self(obs), dim=-1)
+        log_probs = self.log_probs(observations)
         acts = torch.as_tensor(actions, dtype=torch.long)
         return log_probs.gather(1, acts[:, None]).squeeze(1), -(log_probs.exp() * log_probs).sum(-1)
 
@@ -283,6 +287,12 @@ class LLMPolicy:
         if self._system_prompt is not None:
             return self._system_prompt
         return observation.get("instructions")
+
+    def generate_ids(self, prompts: list[list[int]], params: SamplingParams) -> list[Generation]:
+        """The policy's turns, with its own adapter active (other adapters may share the backend)."""
+        if self.adapter is not None:
+            self.backend.set_adapter(self.adapter)
+        return self.backend.generate_ids(prompts, params)
 
     def parameters(self) -> list[nn.Parameter]:
         """The trained weights (the adapter's with LoRA, else all of the model's)."""
@@ -498,7 +508,7 @@ class GRPOTrainer:
                 delta = unit["reference"] - scores.logprobs
                 kl = torch.exp(delta) - delta - 1  # k3 estimator: unbiased and >= 0
             return scores.logprobs, scores.entropies, kl
-        log_probs = torch.log_softmax(self.policy(unit["obs"]), dim=-1)  # type: ignore[operator]
+        log_probs = self.policy.log_probs(unit["obs"])  # type: ignore[union-attr]
         logp = log_probs.gather(1, unit["actions"][:, None]).squeeze(1)
         entropy = -(log_probs.exp() * log_probs).sum(-1)
         kl = _categorical_kl(log_probs, unit["reference"]) if "reference" in unit else None
@@ -509,7 +519,7 @@ class GRPOTrainer:
         if self.text:
             return self.policy.reference_logprobs(unit["sequences"], unit["masks"])  # type: ignore[union-attr]
         assert self.reference is not None
-        return torch.log_softmax(self.reference(unit["obs"]), dim=-1)
+        return self.reference.log_probs(unit["obs"])
 
     # ----------------------------------------------------------------- loop + checkpoints
     def train(self, num_updates: int, callback: Callable[[int, dict[str, float]], None] | None = None,

@@ -3,7 +3,7 @@
 :class:`RolloutEngine` runs ``n_envs`` dialogues of any registered env side by side. Each tick it
 asks every live dialogue whose turn it is, then makes ONE call for all pending policy turns and ONE
 call for all pending user turns (``simulator.act_batch``), steps the envs, and repeats until the wave
-is over; the next wave starts fresh envs until every requested dialogue has run.
+is over; the next wave resets the envs for the next dialogues until every requested one has run.
 
 The policy seat is either
 
@@ -51,12 +51,17 @@ class TokenPolicy(Protocol):
     """A text policy whose tokens the engine tracks.
 
     Attributes:
-        backend: The policy model (``encode_chat`` + ``generate_ids`` with log-probs).
+        backend: The policy model's backend; the engine uses its chat template (``encode_chat``).
         sampling: Decoding settings for the policy's turns (``seed`` is set per call by the engine).
     """
 
     backend: TokenBackend
     sampling: SamplingParams
+
+    def generate_ids(self, prompts: list[list[int]], params: SamplingParams) -> list[Generation]:
+        """The policy's turns for exact prompt ids (with log-probs), e.g. ``backend.generate_ids`` with
+        the policy's own LoRA adapter active."""
+        ...
 
     def system_prompt(self, observation: dict[str, Any]) -> str | None:
         """The system message of a dialogue, given its first parsed observation (None: no system message).
@@ -236,9 +241,8 @@ class TokenLedger:
 
 @dataclass
 class _Dialogue:
-    """Live state of one dialogue in a wave."""
+    """Live state of one dialogue in a wave (``slot`` = its simulator slot and index in the wave)."""
 
-    index: int
     slot: int
     env: DialogueEnv
     trajectory: Trajectory
@@ -285,7 +289,7 @@ class RolloutEngine:
                 raise ValueError("env_kwargs only apply when env is an id; bind them in your env factory")
             self.env_fn = env
         if not isinstance(policy, (TokenPolicy, BatchPolicy)):
-            raise TypeError(f"policy must be a TokenPolicy (backend + sampling + system_prompt) or have "
+            raise TypeError(f"policy must be a TokenPolicy (backend, sampling, generate_ids, system_prompt) or have "
                             f"act_batch(observations, rng); got {type(policy).__name__}")
         self.policy = policy
         self.simulator = simulator
@@ -350,7 +354,7 @@ class RolloutEngine:
                                     observations={s: [] for s in seats}, actions={s: [] for s in seats},
                                     rewards={s: [] for s in seats})
             ledger = TokenLedger() if self._delta is not None else None
-            dialogues.append(_Dialogue(slot, slot, env, trajectory, observations, ledger))
+            dialogues.append(_Dialogue(slot, env, trajectory, observations, ledger))
         self.simulator.reset_batch([env.scenario for env in envs[:len(jobs)]],
                                    [env.user_rng() for env in envs[:len(jobs)]])
         for d in dialogues:
@@ -361,7 +365,7 @@ class RolloutEngine:
             user_turns = [d for d in live if d.env.to_act == d.env.user_seat]
             actions: dict[int, Any] = {}
             if policy_turns:
-                actions.update(zip((d.index for d in policy_turns), self._policy_act(policy_turns, rng)))
+                actions.update(zip((d.slot for d in policy_turns), self._policy_act(policy_turns, rng)))
             if user_turns:
                 seat = user_turns[0].env.user_seat
                 t0 = time.perf_counter()
@@ -369,8 +373,8 @@ class RolloutEngine:
                                                    [d.slot for d in user_turns])
                 self.stats.simulator_s += time.perf_counter() - t0
                 self.stats.simulator_calls += 1
-                actions.update(zip((d.index for d in user_turns), replies))
-            finished = [d for d in live if self._step(d, actions[d.index])]
+                actions.update(zip((d.slot for d in user_turns), replies))
+            finished = [d for d in live if self._step(d, actions[d.slot])]
             if finished:
                 self.simulator.feedback([d.slot for d in finished], [d.trajectory.total_reward for d in finished])
         return [d.trajectory for d in dialogues]
@@ -387,7 +391,7 @@ class RolloutEngine:
         policy: TokenPolicy = self.policy  # type: ignore[assignment]
         params = dataclasses.replace(policy.sampling, seed=int(rng.integers(2**31)), logprobs=True)
         t0 = time.perf_counter()
-        generations = policy.backend.generate_ids(prompts, params)
+        generations = policy.generate_ids(prompts, params)
         self.stats.policy_s += time.perf_counter() - t0
         self.stats.policy_calls += 1
         for d, generation in zip(turns, generations):

@@ -31,7 +31,7 @@ from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
-from simpop.agents.base import SamplingParams
+from simpop.agents.base import Generation, SamplingParams
 from simpop.simulators.base import Simulator
 from simpop.train.rollout import Job, RolloutEngine
 
@@ -49,6 +49,9 @@ class _TrainerPolicy:
 
     def system_prompt(self, observation: dict[str, Any]) -> str | None:
         return self._system_prompt if self._system_prompt is not None else observation.get("instructions")
+
+    def generate_ids(self, prompts: list[list[int]], params: SamplingParams) -> list[Generation]:
+        return self.backend.generate_ids(prompts, params)
 
 
 def make_rollout_func(env_id: str, simulator: Simulator, backend: TransformersBackend,
