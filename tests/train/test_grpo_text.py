@@ -54,7 +54,8 @@ def test_full_finetune_update_changes_parameters_and_masks_simulator_tokens():
     metrics = trainer.update(_with_signal(batch))
     hook.remove()
     assert math.isfinite(metrics["loss"]) and metrics["grad_norm"] > 0
-    assert metrics["policy_entropy"] > 0 and metrics["policy_tokens"] == sum(x.policy_tokens for x in batch.trajectories)
+    assert metrics["policy_entropy"] > 0
+    assert metrics["policy_tokens"] == sum(x.policy_tokens for x in batch.trajectories)
     assert any(not torch.equal(b, p) for b, p in zip(before, trainer.policy.parameters()))
     # Proof of masking: the logits that predict non-policy tokens receive exactly zero gradient.
     (out,) = logits
