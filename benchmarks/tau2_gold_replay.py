@@ -19,7 +19,7 @@ def main() -> None:
 
     # simpop's τ² module first: it stops litellm's cost-map download before τ² imports litellm.
     from simpop.envs.tau2.env import Tau2Env
-    from simpop.envs.tau2.scripted import GoldAgent, ScriptedUser
+    from simpop.envs.tau2.scripted import ScriptedUser, play_gold
     from simpop.envs.wrappers import UserSeat
     from tau2.data_model.simulation import SimulationRun
     from tau2.evaluator.evaluator import EvaluationType, evaluate_simulation
@@ -33,11 +33,7 @@ def main() -> None:
         for task_id in env.scenario_ids():
             if not env.load_scenario(task_id).task.evaluation_criteria.actions:
                 continue
-            obs, _ = seat.reset(options={"scenario_id": task_id})
-            agent, done = GoldAgent(env.scenario), False
-            while not done:
-                obs, reward, terminated, truncated, info = seat.step(agent.act(obs))
-                done = terminated or truncated
+            reward, terminated, info = play_gold(seat, task_id)
             run = SimulationRun(id=task_id, task_id=task_id, start_time="", end_time="", duration=0.0,
                                 termination_reason=info["termination_reason"], messages=env.trajectory())
             reference = evaluate_simulation(simulation=run, task=env.scenario.task,

@@ -10,7 +10,7 @@ import pytest
 
 from simpop.envs.dialogue import parse_observation
 from simpop.envs.tau2.env import Tau2Env
-from simpop.envs.tau2.scripted import TRANSFER_MESSAGE, GoldAgent, ScriptedUser
+from simpop.envs.tau2.scripted import TRANSFER_MESSAGE, ScriptedUser, play_gold
 from simpop.envs.wrappers import UserSeat
 
 CREATE = '{"name": "create_task", "arguments": {"user_id": "user_1", "title": "Important Meeting"}}'
@@ -205,11 +205,7 @@ def test_gold_agent_and_scripted_user_pass_every_mock_task_with_gold_actions():
     for task_id in env.scenario_ids():
         if not env.load_scenario(task_id).task.evaluation_criteria.actions:
             continue
-        obs, _ = seat.reset(options={"scenario_id": task_id})
-        agent, done = GoldAgent(env.scenario), False
-        while not done:
-            obs, reward, terminated, truncated, info = seat.step(agent.act(obs))
-            done = terminated or truncated
+        reward, terminated, info = play_gold(seat, task_id)
         passed.append(info["success"])
     assert passed == [True] * 7
 

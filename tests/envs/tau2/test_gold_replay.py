@@ -13,7 +13,7 @@ from tau2.data_model.simulation import SimulationRun
 from tau2.evaluator.evaluator import EvaluationType, evaluate_simulation
 
 from simpop.envs.tau2.env import Tau2Env
-from simpop.envs.tau2.scripted import GoldAgent, ScriptedUser
+from simpop.envs.tau2.scripted import ScriptedUser, play_gold
 from simpop.envs.wrappers import UserSeat
 
 #: Every k-th task with gold actions, per domain (mock: all).
@@ -32,11 +32,7 @@ def test_env_reward_equals_tau2_evaluator_on_the_same_trajectory(domain):
     seat = UserSeat(env, ScriptedUser(perform_gold_user_actions=domain == "telecom"))
     rewards = []
     for task_id in gold_tasks(env, STRIDE[domain]):
-        obs, _ = seat.reset(options={"scenario_id": task_id})
-        agent, done = GoldAgent(env.scenario), False
-        while not done:
-            obs, reward, terminated, truncated, info = seat.step(agent.act(obs))
-            done = terminated or truncated
+        reward, terminated, info = play_gold(seat, task_id)
         assert terminated and info["termination_reason"] == "user_stop"
         run = SimulationRun(id=task_id, task_id=task_id, start_time="", end_time="", duration=0.0,
                             termination_reason=info["termination_reason"], messages=env.trajectory())

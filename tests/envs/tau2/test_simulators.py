@@ -10,7 +10,7 @@ import numpy as np
 from simpop.agents.base import SamplingParams
 from simpop.envs.dialogue import parse_observation
 from simpop.envs.tau2.env import Tau2Env
-from simpop.envs.tau2.scripted import GoldAgent, ScriptedUser
+from simpop.envs.tau2.scripted import ScriptedUser, play_gold
 from simpop.envs.wrappers import UserSeat
 from simpop.simulators.llm import LLMSimulator
 from simpop.simulators.verbalized import VerbalizedSimulator
@@ -19,12 +19,7 @@ from tests.simulators.fakes import FakeBackend, verbalized_json
 
 
 def play(seat: UserSeat, task_id: str):
-    obs, _ = seat.reset(seed=1, options={"scenario_id": task_id})
-    agent, done = GoldAgent(seat.env.scenario), False
-    while not done:
-        obs, reward, terminated, truncated, info = seat.step(agent.act(obs))
-        done = terminated or truncated
-    return reward, terminated, info
+    return play_gold(seat, task_id, seed=1)
 
 
 def test_frozen_llm_simulator_plays_the_user_from_the_scenarios_instructions():

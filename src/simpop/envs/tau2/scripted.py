@@ -112,3 +112,17 @@ class GoldAgent:
             self._said = True
             return self.summary
         return "Is there anything else I can help you with?"
+
+
+def play_gold(seat: Any, task_id: str, seed: int | None = None) -> tuple[float, bool, dict[str, Any]]:
+    """Play ``task_id`` with a :class:`GoldAgent` in the policy seat of ``seat`` (a ``UserSeat``).
+
+    Returns:
+        The last step's reward, whether the episode terminated (not truncated), and the last info.
+    """
+    obs, _ = seat.reset(seed=seed, options={"scenario_id": task_id})
+    agent, done = GoldAgent(seat.env.scenario), False
+    while not done:
+        obs, reward, terminated, truncated, info = seat.step(agent.act(obs))
+        done = terminated or truncated
+    return reward, terminated, info
