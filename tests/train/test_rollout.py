@@ -6,7 +6,8 @@ import numpy as np
 import pytest
 
 from simpop.train.rollout import ChatDelta, Job, RolloutEngine
-from tests.train.toys import (IM_END, MERGED_AB, CountingSimulator, ToyTextEnv, ToyTextPolicy, ToyTokenBackend)
+from tests.train.toys import (IM_END, MERGED_AB, CountingSimulator, PrefilledToyEnv, ToyTextEnv, ToyTextPolicy,
+                              ToyTokenBackend)
 
 
 def _engine(n_envs=None, replies=None, turns=3):
@@ -121,6 +122,30 @@ def test_rejected_policy_turn_adds_an_error_note_and_keeps_the_tokens():
     text = backend.decode(t.token_ids)
     assert "<|im_start|>assistant\n<|im_end|>\n<|im_start|>user\n(Your last message was not accepted" in text
     assert sum(t.mask) == 1 + 3 * len("ab yes 0<")  # empty reply = just the end-of-turn token
+
+
+def test_assistant_messages_the_policy_did_not_write_reach_its_prompt_as_context():
+    backend = ToyTokenBackend()
+    engine = RolloutEngine(lambda: PrefilledToyEnv(turns=2), ToyTextPolicy(backend), CountingSimulator())
+    [t] = engine.collect(["s0"], seed=0)
+    env = engine._envs[0]
+    text = backend.decode(t.token_ids)
+    # The greeting opens the first prompt; each env note follows the user's reply, in transcript order.
+    chat = [{"role": "system", "content": "Persuade (s0)."}] + env.chat_view("agent")
+    assert text == backend.render(chat, False)[:len(text)]
+    assert "<|im_start|>assistant\nHello!<|im_end|>\n<|im_start|>user\nreply 0 1<|im_end|>\n" \
+           "<|im_start|>assistant\n(note 2)<|im_end|>\n<|im_start|>assistant\n" in text
+    for note in ("Hello!", "(note 2)", "(note 5)"):
+        ids = backend.tokenize(note)
+        [start] = [j for j in range(len(t.token_ids)) if t.token_ids[j:j + len(ids)] == ids]
+        assert not any(t.mask[start:start + len(ids)])
+    # The policy's own replies are kept exactly as generated (unmerged "ab") and are the only mask-1 tokens.
+    reply = [ord(c) for c in "ab yes 0"] + [IM_END]
+    generated = [i for i, m in zip(t.token_ids, t.mask) if m]
+    assert generated == reply + [ord(c) for c in "ab yes 1"] + [IM_END] and sum(t.mask) == len(generated)
+    assert t.prompt_length == len(backend.encode_chat(chat[:4]))  # system, greeting, reply, note
+    for encoded in backend.encoded:  # no turn, generated or not, is encoded twice
+        assert not {m["content"] for m in encoded} & {"ab yes 0", "ab yes 1"}
 
 
 def test_chat_delta_closing_and_overlap():

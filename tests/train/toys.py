@@ -68,6 +68,29 @@ class ToyTextEnv(DialogueEnv):
                                      else scenario.user_instructions())
 
 
+class PrefilledToyEnv(ToyTextEnv):
+    """ToyTextEnv whose transcript also holds ``agent`` messages the policy never wrote: a greeting
+    before the user's first message and a note after each user message (like τ²'s greeting and
+    pre-filled task histories)."""
+
+    first_seat = "user"
+
+    def _start(self) -> None:
+        self.transcript.append(Turn("agent", "Hello!", data={"env": True}))
+
+    def _apply(self, seat: str, action: Any) -> str:
+        following = super()._apply(seat, action)
+        if seat == "user":
+            self.transcript.append(Turn("agent", f"(note {len(self.transcript)})", data={"env": True}))
+        return following
+
+    def _outcome(self) -> Outcome | None:
+        said = [t.text for t in self.transcript if t.seat == "agent" and not t.data]
+        if len(said) < self.turns:
+            return None
+        return Outcome({"agent": float("yes" in said[-1]), "user": 0.0}, {"success": "yes" in said[-1]})
+
+
 #: Special tokens of the toy ChatML template.
 IM_START, IM_END, MERGED_AB = 1000, 1001, 2000
 
