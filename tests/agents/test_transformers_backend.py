@@ -183,3 +183,55 @@ def test_bad_input_errors(backend, tmp_path):
         TransformersBackend(tmp_path / "missing")
     with pytest.raises(FileNotFoundError, match="not written by TransformersBackend.save"):
         backend.load(tmp_path)
+
+
+@pytest.fixture
+def prefix_cached(backend):
+    """The shared backend with its prefix cache on (off and empty again afterwards)."""
+    backend.prefix_cache = True
+    yield backend
+    backend.prefix_cache = False
+    backend.clear_prefix_cache()
+
+
+def test_prefix_cache_gives_the_uncached_outputs_over_a_dialogue(prefix_cached):
+    backend, params = prefix_cached, SamplingParams(max_new_tokens=5, logprobs=True)
+    prompts = [backend.encode_chat(chat) for chat in (HELLO, LONG, FRANCE)]
+    hits = backend.prefix_hits
+    for turn in range(3):
+        backend.prefix_cache = True
+        cached = backend.generate_ids(prompts, params)
+        assert backend.prefix_hits == hits + (3 if turn else 0)  # every row of turns 2 and 3 reuses its past
+        hits = backend.prefix_hits
+        backend.prefix_cache = False
+        plain = backend.generate_ids(prompts, params)
+        assert [g.token_ids for g in cached] == [g.token_ids for g in plain]
+        for with_cache, without in zip(cached, plain):
+            assert with_cache.logprobs == pytest.approx(without.logprobs, abs=1e-3)
+        # Next turn: each row's history plus a reply of a different length (the suffixes differ too).
+        reply = backend.encode_chat([{"role": "user", "content": "Go on."}])
+        prompts = [g.prompt_ids + g.token_ids + reply[-(4 + row) :] for row, g in enumerate(plain)]
+
+
+def test_prefix_cache_is_dropped_when_weights_change_and_bounded(prefix_cached):
+    backend, params = prefix_cached, SamplingParams(max_new_tokens=3)
+    first = backend.generate([HELLO], params)[0]
+    follow_up = first.prompt_ids + first.token_ids + backend.encode_chat(FRANCE)[-3:]
+    misses = backend.prefix_misses
+    weight = backend.model.get_input_embeddings().weight
+    optimizer = torch.optim.SGD([weight], lr=0.0)  # a no-op step still writes the weights in place
+    weight.grad = torch.zeros_like(weight)
+    optimizer.step()
+    weight.grad = None
+    second = backend.generate_ids([follow_up], params)[0]
+    assert backend.prefix_misses == misses + 1  # the cache made before the step was not used
+    backend.generate_ids([second.prompt_ids + second.token_ids + [28]], params)
+    assert backend.prefix_misses == misses + 1  # the new one is
+    backend.clear_prefix_cache()
+    backend.generate_ids([second.prompt_ids + second.token_ids + [28]], params)
+    assert backend.prefix_misses == misses + 2
+    for index in range(backend.prefix_cache_size + 2):
+        backend.generate_ids([first.prompt_ids + [28 + index]], params)
+    assert len(backend._prefixes) == backend.prefix_cache_size
+    with pytest.raises(ValueError, match="prefix_cache_size must be >= 1"):
+        TransformersBackend(prefix_cache=True, prefix_cache_size=0)

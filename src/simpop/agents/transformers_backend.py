@@ -20,6 +20,7 @@ from __future__ import annotations
 
 import contextlib
 import json
+from collections import OrderedDict
 from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
 from pathlib import Path
@@ -47,6 +48,14 @@ def _import_torch_transformers():
     return torch, transformers
 
 
+#: Keys and values of one sequence, per layer, each of shape ``[kv_heads, tokens, head_dim]``.
+_LayerCache = list[tuple["torch.Tensor", "torch.Tensor"]]
+
+
+def _cached_length(cache: _LayerCache | None) -> int:
+    return 0 if cache is None else cache[0][0].shape[1]
+
+
 @dataclass
 class TokenScores:
     """Per-token scores of padded sequences; index ``[b, t]`` scores token ``t`` of sequence ``b``.
@@ -72,6 +81,11 @@ class TransformersBackend:
         trainable: Leave the base weights trainable (full fine-tuning). LoRA adapters are trainable
             either way, and adding one freezes the base weights.
         device: Torch device; default ``"cuda"`` when available, else ``"cpu"``.
+        prefix_cache: Keep the KV cache of each generated sequence (prompt + completion) so that a later
+            prompt that extends it exactly (the next turn of a token-in/token-out dialogue) only reads
+            its new tokens. The cache is dropped whenever any weight, the model, or the active adapter
+            changes (in-place updates bump parameter version counters, so optimizer steps are seen).
+        prefix_cache_size: Most sequences held by the prefix cache (least recently used go first).
     """
 
     def __init__(
@@ -81,6 +95,8 @@ class TransformersBackend:
         threads: int | None = None,
         trainable: bool = False,
         device: str | None = None,
+        prefix_cache: bool = False,
+        prefix_cache_size: int = 64,
     ) -> None:
         torch, transformers = _import_torch_transformers()
         if dtype not in DTYPES:
@@ -113,6 +129,14 @@ class TransformersBackend:
         pad = self.tokenizer.pad_token_id
         self.pad_token_id: int = self.eos_token_ids[0] if pad is None else pad
         self.vocab_size: int = self.model.get_input_embeddings().num_embeddings
+        if prefix_cache_size < 1:
+            raise ValueError(f"prefix_cache_size must be >= 1, got {prefix_cache_size}")
+        self.prefix_cache, self.prefix_cache_size = prefix_cache, prefix_cache_size
+        #: Token ids -> per-layer (key, value) of exactly those tokens, shape [heads, len, dim].
+        self._prefixes: OrderedDict[tuple[int, ...], _LayerCache] = OrderedDict()
+        self._prefix_weights: tuple | None = None
+        self._adapters_disabled = False
+        self.prefix_hits = self.prefix_misses = self.prefix_reused_tokens = 0
 
     # ----------------------------------------------------------------------------------- generation
 
@@ -139,12 +163,21 @@ class TransformersBackend:
         """
         torch, transformers = _import_torch_transformers()
         self._check_prompts(prompts, params)
-        width = max(map(len, prompts))
+        cached = self._lookup_prefixes(prompts)
+        reuse = [_cached_length(kv) for kv in cached]
+        past = max(reuse)
+        suffix = max(len(prompt) - reused for prompt, reused in zip(prompts, reuse))
+        # Row layout: [pad][cached prefix][pad][new suffix]; padding is masked out and positions come
+        # from the attention mask's running count, so every real token keeps its position.
+        width = past + suffix
         input_ids = torch.full((len(prompts), width), self.pad_token_id, dtype=torch.long)
         attention_mask = torch.zeros((len(prompts), width), dtype=torch.long)
-        for row, prompt in enumerate(prompts):
-            input_ids[row, width - len(prompt) :] = torch.tensor(prompt)
-            attention_mask[row, width - len(prompt) :] = 1
+        for row, (prompt, reused) in enumerate(zip(prompts, reuse)):
+            input_ids[row, past - reused : past] = torch.tensor(prompt[:reused], dtype=torch.long)
+            input_ids[row, width - len(prompt) + reused :] = torch.tensor(prompt[reused:])
+            attention_mask[row, past - reused : past] = 1
+            attention_mask[row, width - len(prompt) + reused :] = 1
+        cache = self._batched_cache(cached, past) if past else None
         # top_k=0: plain temperature / nucleus sampling, not a top-k default from the model or transformers.
         sampling = (
             {"do_sample": False}
@@ -169,6 +202,7 @@ class TransformersBackend:
                 attention_mask=attention_mask.to(self.device),
                 generation_config=config,
                 tokenizer=self.tokenizer,  # needed by transformers' per-sample stop-string criterion
+                **({"cache": cache} if cache is not None else {}),
             )
         new_tokens = out.sequences[:, width:].tolist()
         step_logprobs = None
@@ -183,10 +217,88 @@ class TransformersBackend:
                 ],
                 dim=1,
             ).tolist()
-        return [
+        generations = [
             self._finish(prompt, tokens, None if step_logprobs is None else step_logprobs[row], params.stop)
             for row, (prompt, tokens) in enumerate(zip(prompts, new_tokens))
         ]
+        if self.prefix_cache:
+            self._store_prefixes(generations, out.cache, attention_mask, width)
+        return generations
+
+    # ------------------------------------------------------------------------------ prefix KV cache
+
+    def clear_prefix_cache(self) -> None:
+        """Drop every cached prefix (weights changes are detected on their own; this frees memory)."""
+        self._prefixes.clear()
+
+    def _weights_state(self) -> tuple:
+        """What the cached keys and values depend on: the model object, the active (or disabled)
+        adapter, and every parameter's in-place version counter (optimizer steps, ``load`` copies)."""
+        parameters = list(self.model.parameters())
+        return (
+            id(self.model),
+            self.active_adapter,
+            self._adapters_disabled,
+            len(parameters),
+            sum(p._version for p in parameters),
+        )
+
+    def _lookup_prefixes(self, prompts: list[list[int]]) -> list[_LayerCache | None]:
+        """Per prompt, the cache of its longest cached proper prefix (at least one token stays to read)."""
+        if not self.prefix_cache:
+            return [None] * len(prompts)
+        state = self._weights_state()
+        if state != self._prefix_weights:
+            self._prefixes.clear()
+            self._prefix_weights = state
+        found: list[_LayerCache | None] = []
+        for prompt in prompts:
+            best: tuple[int, ...] | None = None
+            for key in self._prefixes:
+                longer = best is None or len(key) > len(best)
+                if longer and len(key) < len(prompt) and tuple(prompt[: len(key)]) == key:
+                    best = key
+            if best is None:
+                self.prefix_misses += 1
+                found.append(None)
+            else:
+                self._prefixes.move_to_end(best)
+                self.prefix_hits += 1
+                self.prefix_reused_tokens += len(best)
+                found.append(self._prefixes[best])
+        return found
+
+    def _batched_cache(self, cached: list[_LayerCache | None], past: int):
+        """A DynamicCache of ``past`` positions: each row's cached prefix, right-aligned, zeros before it."""
+        torch, transformers = _import_torch_transformers()
+        layers = []
+        template = next(kv for kv in cached if kv)
+        for layer, (key0, _) in enumerate(template):
+            shape = (len(cached), key0.shape[0], past, key0.shape[2])
+            keys = torch.zeros(shape, dtype=key0.dtype, device=key0.device)
+            values = torch.zeros(shape, dtype=key0.dtype, device=key0.device)
+            for row, kv in enumerate(cached):
+                if kv:
+                    length = kv[layer][0].shape[1]
+                    keys[row, :, past - length :] = kv[layer][0]
+                    values[row, :, past - length :] = kv[layer][1]
+            layers.append((keys, values))
+        return transformers.DynamicCache(layers, config=self.model.config)
+
+    def _store_prefixes(self, generations: list[Generation], cache, attention_mask, width: int) -> None:
+        """Cache the keys and values of each row's prompt + completion, but its last token (never read)."""
+        torch, _ = _import_torch_transformers()
+        for row, generation in enumerate(generations):
+            # This row's cache columns: the prompt's masked-in ones, then the completion but its last token.
+            columns = attention_mask[row].nonzero().squeeze(-1).tolist()
+            columns += range(width, width + len(generation.token_ids) - 1)
+            index = torch.tensor(columns, dtype=torch.long, device=self.device)
+            kv = [(layer.keys[row, :, index].clone(), layer.values[row, :, index].clone()) for layer in cache.layers]
+            key = tuple(generation.prompt_ids + generation.token_ids[:-1])
+            self._prefixes[key] = kv
+            self._prefixes.move_to_end(key)
+            while len(self._prefixes) > self.prefix_cache_size:
+                self._prefixes.popitem(last=False)
 
     def _finish(
         self, prompt: list[int], tokens: list[int], logprobs: list[float] | None, stop: Sequence[str]
@@ -351,8 +463,12 @@ class TransformersBackend:
         if not self._is_peft():
             yield
             return
-        with self.model.disable_adapter():
-            yield
+        self._adapters_disabled = True  # a different model for the prefix cache
+        try:
+            with self.model.disable_adapter():
+                yield
+        finally:
+            self._adapters_disabled = False
 
     def _is_peft(self) -> bool:
         from peft import PeftModel  # only reachable once transformers/peft are importable
