@@ -213,6 +213,17 @@ def test_prefix_cache_gives_the_uncached_outputs_over_a_dialogue(prefix_cached):
         prompts = [g.prompt_ids + g.token_ids + reply[-(4 + row) :] for row, g in enumerate(plain)]
 
 
+def test_prefix_cache_reads_a_prefix_shared_by_a_batch_once(prefix_cached):
+    backend, params = prefix_cached, SamplingParams(max_new_tokens=5)
+    prompts = [backend.encode_chat(chat) for chat in (HELLO, FRANCE)]  # the default system prompt is shared
+    backend.clear_prefix_cache()
+    hits, reused = backend.prefix_hits, backend.prefix_reused_tokens
+    cached = backend.generate_ids(prompts, params)
+    assert backend.prefix_hits == hits + 2 and backend.prefix_reused_tokens > reused + 2 * 16
+    backend.prefix_cache = False
+    assert [g.token_ids for g in backend.generate_ids(prompts, params)] == [g.token_ids for g in cached]
+
+
 def test_prefix_cache_is_dropped_when_weights_change_and_bounded(prefix_cached):
     backend, params = prefix_cached, SamplingParams(max_new_tokens=3)
     first = backend.generate([HELLO], params)[0]

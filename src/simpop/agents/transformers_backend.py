@@ -20,6 +20,7 @@ from __future__ import annotations
 
 import contextlib
 import json
+import os
 from collections import OrderedDict
 from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
@@ -37,6 +38,8 @@ DTYPES = ("float32", "bfloat16")
 #: Attention and MLP projections of Llama-style models (SmolLM2, Qwen, Llama, Mistral).
 DEFAULT_LORA_TARGETS = ("q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj")
 _MANIFEST = "simpop_backend.json"
+#: Prompts of one call that all begin with at least this many equal tokens read them once.
+_MIN_SHARED_PREFIX = 16
 
 
 def _import_torch_transformers():
@@ -244,29 +247,50 @@ class TransformersBackend:
         )
 
     def _lookup_prefixes(self, prompts: list[list[int]]) -> list[_LayerCache | None]:
-        """Per prompt, the cache of its longest cached proper prefix (at least one token stays to read)."""
+        """Per prompt, the cache of its longest prefix held by any cached sequence (at least one token
+        of the prompt stays to read); prompts of one call that share a long prefix read it once."""
         if not self.prefix_cache:
             return [None] * len(prompts)
         state = self._weights_state()
         if state != self._prefix_weights:
             self._prefixes.clear()
             self._prefix_weights = state
-        found: list[_LayerCache | None] = []
-        for prompt in prompts:
-            best: tuple[int, ...] | None = None
-            for key in self._prefixes:
-                longer = best is None or len(key) > len(best)
-                if longer and len(key) < len(prompt) and tuple(prompt[: len(key)]) == key:
-                    best = key
-            if best is None:
-                self.prefix_misses += 1
-                found.append(None)
-            else:
-                self._prefixes.move_to_end(best)
-                self.prefix_hits += 1
-                self.prefix_reused_tokens += len(best)
-                found.append(self._prefixes[best])
+        found = [self._longest_prefix(prompt) for prompt in prompts]
+        shared = min(len(os.path.commonprefix(prompts)), min(map(len, prompts)) - 1)
+        if len(prompts) > 1 and shared >= _MIN_SHARED_PREFIX and any(_cached_length(kv) < shared for kv in found):
+            self._read_prefix(prompts[0][:shared])
+            found = [self._longest_prefix(prompt) for prompt in prompts]
+        for kv in found:
+            self.prefix_hits += kv is not None
+            self.prefix_misses += kv is None
+            self.prefix_reused_tokens += _cached_length(kv)
         return found
+
+    def _longest_prefix(self, prompt: list[int]) -> _LayerCache | None:
+        """Keys and values of the longest start of ``prompt`` that a cached sequence begins with."""
+        best, length = None, 0
+        for key in self._prefixes:
+            common = min(len(os.path.commonprefix([key, tuple(prompt)])), len(prompt) - 1)
+            if common > length:
+                best, length = key, common
+        if best is None:
+            return None
+        self._prefixes.move_to_end(best)
+        return [(keys[:, :length], values[:, :length]) for keys, values in self._prefixes[best]]
+
+    def _read_prefix(self, tokens: list[int]) -> None:
+        """Run the model over ``tokens`` alone and cache their keys and values."""
+        torch, _ = _import_torch_transformers()
+        with torch.no_grad():
+            out = self.model(input_ids=torch.tensor([tokens], device=self.device), use_cache=True)
+        self._remember(tokens, [(layer.keys[0].clone(), layer.values[0].clone()) for layer in out.cache.layers])
+
+    def _remember(self, tokens: Sequence[int], kv: _LayerCache) -> None:
+        key = tuple(tokens)
+        self._prefixes[key] = kv
+        self._prefixes.move_to_end(key)
+        while len(self._prefixes) > self.prefix_cache_size:
+            self._prefixes.popitem(last=False)
 
     def _batched_cache(self, cached: list[_LayerCache | None], past: int):
         """A DynamicCache of ``past`` positions: each row's cached prefix, right-aligned, zeros before it."""
@@ -294,11 +318,7 @@ class TransformersBackend:
             columns += range(width, width + len(generation.token_ids) - 1)
             index = torch.tensor(columns, dtype=torch.long, device=self.device)
             kv = [(layer.keys[row, :, index].clone(), layer.values[row, :, index].clone()) for layer in cache.layers]
-            key = tuple(generation.prompt_ids + generation.token_ids[:-1])
-            self._prefixes[key] = kv
-            self._prefixes.move_to_end(key)
-            while len(self._prefixes) > self.prefix_cache_size:
-                self._prefixes.popitem(last=False)
+            self._remember(generation.prompt_ids + generation.token_ids[:-1], kv)
 
     def _finish(
         self, prompt: list[int], tokens: list[int], logprobs: list[float] | None, stop: Sequence[str]
