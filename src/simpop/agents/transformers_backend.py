@@ -162,7 +162,9 @@ class TransformersBackend:
         Sampling is seeded with ``params.seed`` (the global torch RNG is left untouched), so the same
         seed and inputs give the same outputs. Generation stops per sample at an end-of-turn token or
         a stop string; the returned ``token_ids`` keep the end-of-turn token and the token that
-        completed a stop string, while ``text`` ends before the stop string.
+        completed a stop string, while ``text`` ends before the stop string. With ``prefix_cache``, a
+        prompt's longest cached start is not read again (the outputs are those of a full read up to
+        floating-point rounding).
         """
         torch, transformers = _import_torch_transformers()
         self._check_prompts(prompts, params)
