@@ -136,6 +136,23 @@ def build_policy(env: Any, config: Any):
     return LLMPolicy(backend, config.sampling(), lora=config.lora, lora_r=config.lora_r, lora_alpha=config.lora_alpha)
 
 
+def finish(args: argparse.Namespace, done: int, history: list[dict[str, float]], keys: tuple[str, ...]) -> int:
+    """Print where the run stands: nothing to do, or the last update's ``keys``."""
+    if not history:
+        print(f"{args.out}: already at update {done} of {args.updates}; nothing to do")
+    else:
+        print(f"{args.out}: update {done}/{args.updates}  " + summarise(history, keys))
+    return 0
+
+
+def set_threads(args: argparse.Namespace) -> None:
+    """Apply ``--threads`` (torch CPU threads) if given."""
+    if args.threads is not None:
+        import torch
+
+        torch.set_num_threads(args.threads)
+
+
 def summarise(history: list[dict[str, float]], keys: tuple[str, ...]) -> str:
     """A one-line view of the last update's metrics."""
     last = history[-1] if history else {}
@@ -152,14 +169,11 @@ def configure_grpo(parser: argparse.ArgumentParser) -> None:
 
 
 def run_grpo(args: argparse.Namespace) -> int:
-    import torch
-
     import simpop
     from simpop.train.config import build
     from simpop.train.grpo import GRPOConfig, GRPOTrainer
 
-    if args.threads is not None:
-        torch.set_num_threads(args.threads)
+    set_threads(args)
     try:  # setup errors are the user's to fix: say what, without a traceback
         config = build(GRPOConfig, args, yaml_path=args.config)
         kwargs = env_kwargs(args.env_arg)
@@ -173,13 +187,10 @@ def run_grpo(args: argparse.Namespace) -> int:
     trainer = GRPOTrainer(args.env, build_policy(env, config), simulator, config,
                           env_kwargs=kwargs, run_dir=args.out, resume=args.resume)
     remaining = args.updates - trainer.update_count
-    if remaining <= 0:
-        print(f"{args.out}: already at update {trainer.update_count} of {args.updates}; nothing to do")
-        return 0
-    trainer.train(remaining, progress=not args.no_progress)
-    print(f"{args.out}: update {trainer.update_count}/{args.updates}  "
-          + summarise(trainer.history, ("reward_mean", "success", "policy_entropy", "zero_var_frac", "kl", "loss")))
-    return 0
+    if remaining > 0:
+        trainer.train(remaining, progress=not args.no_progress)
+    return finish(args, trainer.update_count, trainer.history if remaining > 0 else [],
+                  ("reward_mean", "success", "policy_entropy", "zero_var_frac", "kl", "loss"))
 
 
 TRAINERS["grpo"] = (configure_grpo, run_grpo, "multi-turn GRPO on the policy seat (text or act level)")
@@ -283,15 +294,12 @@ def build_trainable_simulators(spec_text: str, env: Any, grpo: Any, count: int) 
 
 
 def run_cotrain(args: argparse.Namespace) -> int:
-    import torch
-
     import simpop
     from simpop.train.config import build
     from simpop.train.cotrain import CoTrainConfig, CoTrainer
     from simpop.train.grpo import GRPOConfig
 
-    if args.threads is not None:
-        torch.set_num_threads(args.threads)
+    set_threads(args)
     try:  # setup errors are the user's to fix: say what, without a traceback
         grpo = build(GRPOConfig, args, yaml_path=args.config)
         config = build(CoTrainConfig, args, yaml_path=args.cotrain_config)
@@ -307,12 +315,8 @@ def run_cotrain(args: argparse.Namespace) -> int:
         return 2
     done, history = run_updates(args, trainer.step, trainer.state_dict, trainer.load_state_dict,
                                 save_every=grpo.save_every, keep=grpo.keep_checkpoints)
-    if not history:
-        print(f"{args.out}: already at update {done} of {args.updates}; nothing to do")
-        return 0
-    print(f"{args.out}: update {done}/{args.updates}  "
-          + summarise(history, ("reward_mean", "success", "policy_entropy", "sim_success", "sim_kl", "sim_loss")))
-    return 0
+    return finish(args, done, history,
+                  ("reward_mean", "success", "policy_entropy", "sim_success", "sim_kl", "sim_loss"))
 
 
 # -------------------------------------------------------------------------------------------- ppo
@@ -325,14 +329,11 @@ def configure_ppo(parser: argparse.ArgumentParser) -> None:
 
 
 def run_ppo(args: argparse.Namespace) -> int:
-    import torch
-
     import simpop
     from simpop.train.config import build
     from simpop.train.ppo import PPOConfig, PPOTrainer
 
-    if args.threads is not None:
-        torch.set_num_threads(args.threads)
+    set_threads(args)
     try:  # setup errors are the user's to fix: say what, without a traceback
         config = build(PPOConfig, args, yaml_path=args.config)
         kwargs = env_kwargs(args.env_arg)
@@ -346,12 +347,7 @@ def run_ppo(args: argparse.Namespace) -> int:
         return 2
     done, history = run_updates(args, lambda: trainer.update(trainer.collect()), trainer.state_dict,
                                 trainer.load_state_dict)
-    if not history:
-        print(f"{args.out}: already at update {done} of {args.updates}; nothing to do")
-        return 0
-    print(f"{args.out}: update {done}/{args.updates}  "
-          + summarise(history, ("episode_return", "entropy", "policy_loss", "value_loss", "clip_frac")))
-    return 0
+    return finish(args, done, history, ("episode_return", "entropy", "policy_loss", "value_loss", "clip_frac"))
 
 
 TRAINERS["cotrain"] = (configure_cotrain, run_cotrain,
