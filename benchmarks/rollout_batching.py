@@ -5,10 +5,12 @@ Both runs use the :class:`~simpop.train.rollout.RolloutEngine` with the embedded
 :class:`~simpop.simulators.llm.LLMSimulator`); only ``n_envs`` differs (16 vs 1). Decoding is greedy
 on both seats so that the two runs do the same work (the token counts are printed to check).
 
-Prints the speed-up (sequential wall time / batched wall time; target >= 4x), the share of the
-batched rollout's time spent outside model calls (env steps, prompt bookkeeping; target <= 5%), and,
-to explain the first figure, how much batching speeds up reading prompts alone: on a CPU prompt
-reading is compute-bound, so batching mostly speeds up the token-by-token decoding. With
+For each weights dtype (float32 and bfloat16 by default, side by side) it prints the speed-up
+(sequential wall time / batched wall time; target >= 4x), the share of the batched rollout's time
+spent outside model calls (env steps, prompt bookkeeping; target <= 5%), and where the model time
+goes: reading prompts (forward passes over more than one new token per row) vs decoding (one token
+per row per pass). Batching speeds up decoding many times over, but reading a prompt is
+compute-bound on a CPU, so the prompt-reading share of a rollout bounds the speed-up. With
 ``--prefix-cache`` (the default) the backend keeps each seat's KV cache between turns, so a turn only
 reads the tokens added since that seat's last call; ``--no-prefix-cache`` re-reads whole dialogues.
 """
@@ -38,16 +40,53 @@ def run(backend: TransformersBackend, n_envs: int, args: argparse.Namespace) -> 
     return engine.stats, trajectories
 
 
-def prefill_speedup(backend: TransformersBackend, prompts: list[list[int]]) -> float:
-    """How much faster one batched call reads ``prompts`` than one call per prompt (1 new token each)."""
-    params = SamplingParams(max_new_tokens=1)
-    start = time.perf_counter()
-    for prompt in prompts:
-        backend.generate_ids([prompt], params)
-    one_by_one = time.perf_counter() - start
-    start = time.perf_counter()
-    backend.generate_ids(prompts, params)
-    return one_by_one / (time.perf_counter() - start)
+class ModelTimer:
+    """Wall time of the backend model's forward passes, split into prompt reading and decoding."""
+
+    def __init__(self, backend: TransformersBackend) -> None:
+        self.reading = self.decoding = 0.0
+        forward = backend.model.forward
+
+        def timed(*args, **kwargs):
+            start = time.perf_counter()
+            out = forward(*args, **kwargs)
+            elapsed = time.perf_counter() - start
+            if kwargs["input_ids"].shape[1] > 1:
+                self.reading += elapsed
+            else:
+                self.decoding += elapsed
+            return out
+
+        backend.model.forward = timed
+
+    def reset(self) -> None:
+        self.reading = self.decoding = 0.0
+
+
+def measure(dtype: str, args: argparse.Namespace) -> float:
+    """Both modes with ``dtype`` weights; prints their rows and returns the speed-up."""
+    backend = TransformersBackend(dtype=dtype, threads=args.threads, prefix_cache=args.prefix_cache)
+    backend.generate([[{"role": "user", "content": "Hi"}]], SamplingParams(max_new_tokens=2))  # warm-up
+    timer = ModelTimer(backend)
+    results = {}
+    for label, n_envs in (("batched", args.dialogues), ("sequential", 1)):
+        backend.clear_prefix_cache()  # each mode starts cold
+        timer.reset()
+        stats, trajectories = run(backend, n_envs, args)
+        replies = sum(len(t.actions[t.user_seat]) for t in trajectories)
+        results[label] = stats
+        print(f"{dtype:>8} | {label:>10} | {stats.total_s:7.1f} | {timer.reading:7.1f} | {timer.decoding:7.1f} | "
+              f"{stats.outside_model_frac:7.2%} | {stats.policy_tokens:10d} | {replies:10d} | "
+              f"{stats.policy_calls + stats.simulator_calls:5d}")
+    batched, sequential = results["batched"], results["sequential"]
+    speedup = sequential.total_s / batched.total_s
+    print(f"{dtype:>8} | speed-up (sequential / batched wall time): {speedup:.2f}x  (target >= 4x: "
+          f"{'met' if speedup >= 4 else 'NOT met'}); time outside model calls (batched): "
+          f"{batched.outside_model_frac:.2%}  (target <= 5%: {'met' if batched.outside_model_frac <= 0.05 else 'NOT met'})")
+    if args.prefix_cache:
+        print(f"{dtype:>8} | prefix cache (both modes): {backend.prefix_hits} hits, {backend.prefix_misses} misses, "
+              f"{backend.prefix_reused_tokens} prompt tokens not re-read")
+    return speedup
 
 
 def main() -> None:
@@ -57,44 +96,17 @@ def main() -> None:
     parser.add_argument("--max-new-tokens", type=int, default=24, help="tokens per turn (both seats)")
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--threads", type=int, help="torch threads (default: torch's choice)")
-    parser.add_argument("--dtype", default="float32", choices=("float32", "bfloat16"))
+    parser.add_argument("--dtype", nargs="+", default=["float32", "bfloat16"], choices=("float32", "bfloat16"))
     parser.add_argument("--prefix-cache", action=argparse.BooleanOptionalAction, default=True,
                         help="reuse each seat's KV cache across turns (both modes)")
     args = parser.parse_args()
 
-    backend = TransformersBackend(dtype=args.dtype, threads=args.threads, prefix_cache=args.prefix_cache)
-    backend.generate([[{"role": "user", "content": "Hi"}]], SamplingParams(max_new_tokens=2))  # warm-up
     print(f"{args.dialogues} dialogues of <= {args.max_turns} exchanges, <= {args.max_new_tokens} tokens per "
-          f"turn, {backend.name} {args.dtype} on {backend.device}, prefix cache "
-          f"{'on' if args.prefix_cache else 'off'}")
-    print(f"{'mode':>10} | {'wall s':>7} | {'model s':>7} | {'outside':>7} | {'policy tok':>10} | "
-          f"{'user turns':>10} | {'calls':>5} | {'policy tok/s':>12}")
-    results = {}
-    for label, n_envs in (("batched", args.dialogues), ("sequential", 1)):
-        backend.clear_prefix_cache()  # each mode starts cold
-        stats, trajectories = run(backend, n_envs, args)
-        replies = sum(len(t.actions[t.user_seat]) for t in trajectories)
-        results[label] = stats
-        print(f"{label:>10} | {stats.total_s:7.1f} | {stats.model_s:7.1f} | {stats.outside_model_frac:7.2%} | "
-              f"{stats.policy_tokens:10d} | {replies:10d} | {stats.policy_calls + stats.simulator_calls:5d} | "
-              f"{stats.policy_tokens / stats.total_s:12.1f}")
-    if args.prefix_cache:
-        print(f"prefix cache (both modes): {backend.prefix_hits} hits, {backend.prefix_misses} misses, "
-              f"{backend.prefix_reused_tokens} prompt tokens not re-read")
-    batched, sequential = results["batched"], results["sequential"]
-    speedup = sequential.total_s / batched.total_s
-    token_speedup = (batched.policy_tokens / batched.total_s) / (sequential.policy_tokens / sequential.total_s)
-    print(f"speed-up (wall time, sequential / batched): {speedup:.2f}x  (target >= 4x: "
-          f"{'met' if speedup >= 4 else 'NOT met'}); per policy token: {token_speedup:.2f}x")
-    print(f"time outside model calls (batched): {batched.outside_model_frac:.2%}  (target <= 5%: "
-          f"{'met' if batched.outside_model_frac <= 0.05 else 'NOT met'})")
-    # Reading a prompt is compute-bound and gains little from batching, which caps the speed-up on a
-    # CPU when every turn re-reads the whole dialogue (no prefix cache).
-    backend.prefix_cache = False  # measure reading the whole prompts
-    prompts = [t.token_ids for t in trajectories]
-    print(f"for reference, reading the {len(prompts)} final policy prompts (mean "
-          f"{sum(map(len, prompts)) / len(prompts):.0f} tokens): batched {prefill_speedup(backend, prompts):.2f}x "
-          f"faster than one by one")
+          f"turn, smollm2, prefix cache {'on' if args.prefix_cache else 'off'}")
+    print(f"{'dtype':>8} | {'mode':>10} | {'wall s':>7} | {'read s':>7} | {'decode s':>7} | {'outside':>7} | "
+          f"{'policy tok':>10} | {'user turns':>10} | {'calls':>5}")
+    speedups = {dtype: measure(dtype, args) for dtype in args.dtype}
+    print("speed-ups: " + ", ".join(f"{dtype} {value:.2f}x" for dtype, value in speedups.items()))
 
 
 if __name__ == "__main__":

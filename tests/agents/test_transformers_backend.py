@@ -246,3 +246,34 @@ def test_prefix_cache_is_dropped_when_weights_change_and_bounded(prefix_cached):
     assert len(backend._prefixes) == backend.prefix_cache_size
     with pytest.raises(ValueError, match="prefix_cache_size must be >= 1"):
         TransformersBackend(prefix_cache=True, prefix_cache_size=0)
+
+
+def test_prefix_cache_keeps_each_adapter_and_follows_lora_training():
+    model = TransformersBackend(prefix_cache=True)
+    params = SamplingParams(max_new_tokens=4)
+    model.add_adapter("policy")
+    model.add_adapter("sim")
+    first = {}
+    for name in ("policy", "sim"):  # a policy turn, then a simulator turn, on one base model
+        model.set_adapter(name)
+        first[name] = model.generate([HELLO], params)[0]
+    follow_up = first["policy"].prompt_ids + first["policy"].token_ids + model.encode_chat(FRANCE)[-3:]
+    model.set_adapter("policy")
+    hits = model.prefix_hits
+    model.generate_ids([follow_up], params)
+    assert model.prefix_hits == hits + 1  # the simulator's call did not evict the policy's sequence
+    with model.disabled_adapters():  # the base model is another view: it never reads an adapter's cache
+        misses = model.prefix_misses
+        model.generate_ids([follow_up], params)
+        assert model.prefix_misses == misses + 1
+
+    optimizer = torch.optim.SGD(model.parameters("policy"), lr=0.5)
+    sequence = [first["policy"].prompt_ids + first["policy"].token_ids]
+    scores = model.token_logprobs(sequence, [[0] * len(first["policy"].prompt_ids) + [1] * 4])
+    scores.logprobs.sum().backward()
+    optimizer.step()
+    misses = model.prefix_misses
+    trained = model.generate_ids([follow_up], params)[0]
+    assert model.prefix_misses == misses + 1  # nothing computed before the step is reused
+    model.prefix_cache = False
+    assert model.generate_ids([follow_up], params)[0].token_ids == trained.token_ids

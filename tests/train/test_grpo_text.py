@@ -22,7 +22,7 @@ def _trainer(lora: bool, **config) -> GRPOTrainer:
 
     cfg = GRPOConfig(group_size=2, scenarios_per_update=1, max_new_tokens=4, seed=3, lora=lora,
                      lora_r=4, lora_alpha=8, **config)
-    backend = TransformersBackend("smollm2", trainable=not lora)
+    backend = TransformersBackend("smollm2", trainable=not lora, prefix_cache=cfg.prefix_cache)
     # A short system prompt keeps sequences (and the test) small.
     policy = LLMPolicy(backend, cfg.sampling(), lora=lora, lora_r=cfg.lora_r, lora_alpha=cfg.lora_alpha,
                        system_prompt="Ask for a donation.")
@@ -91,3 +91,17 @@ def test_lora_with_kl_trains_only_the_adapter():
     assert metrics["kl"] > 0 and math.isfinite(metrics["loss"])  # the 2nd epoch moved away from the base
     state = trainer.state_dict()
     assert set(state["policy"]) and all("lora_" in k for k in state["policy"])
+
+
+def test_prefix_cache_collects_the_uncached_rollouts_across_lora_updates():
+    runs = {}
+    for cached in (True, False):
+        trainer = _trainer(lora=True, prefix_cache=cached)
+        first = trainer.collect()
+        trainer.update(_with_signal(first))
+        runs[cached] = (first, trainer.collect(), trainer.policy.backend)
+    for stage in (0, 1):  # before and after a weight update
+        assert ([t.token_ids for t in runs[True][stage].trajectories]
+                == [t.token_ids for t in runs[False][stage].trajectories])
+    backend = runs[True][2]
+    assert backend.prefix_hits > 0 and runs[False][2].prefix_hits == 0

@@ -34,6 +34,8 @@ from simpop.agents.embedded import EMBEDDED_MODELS, embedded_model_path
 if TYPE_CHECKING:
     import torch
 
+    from simpop.agents.kv_buffer import LayerCache
+
 DTYPES = ("float32", "bfloat16")
 #: Attention and MLP projections of Llama-style models (SmolLM2, Qwen, Llama, Mistral).
 DEFAULT_LORA_TARGETS = ("q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj")
@@ -51,11 +53,12 @@ def _import_torch_transformers():
     return torch, transformers
 
 
-#: Keys and values of one sequence, per layer, each of shape ``[kv_heads, tokens, head_dim]``.
-_LayerCache = list[tuple["torch.Tensor", "torch.Tensor"]]
+def _contiguous_input(module, args: tuple) -> tuple:
+    """Forward pre-hook: the module's first input as a contiguous tensor."""
+    return (args[0].contiguous(), *args[1:])
 
 
-def _cached_length(cache: _LayerCache | None) -> int:
+def _cached_length(cache: LayerCache | None) -> int:
     return 0 if cache is None else cache[0][0].shape[1]
 
 
@@ -86,8 +89,10 @@ class TransformersBackend:
         device: Torch device; default ``"cuda"`` when available, else ``"cpu"``.
         prefix_cache: Keep the KV cache of each generated sequence (prompt + completion) so that a later
             prompt that extends it exactly (the next turn of a token-in/token-out dialogue) only reads
-            its new tokens. The cache is dropped whenever any weight, the model, or the active adapter
-            changes (in-place updates bump parameter version counters, so optimizer steps are seen).
+            its new tokens. Sequences are kept per active adapter (and for the base with adapters
+            disabled), so a policy and simulators on one base model keep theirs; the whole cache is
+            dropped whenever any weight or the model changes (in-place updates bump parameter version
+            counters, so optimizer steps are seen).
         prefix_cache_size: Most sequences held by the prefix cache (least recently used go first).
     """
 
@@ -125,6 +130,9 @@ class TransformersBackend:
         self.model = transformers.AutoModelForCausalLM.from_pretrained(path, dtype=getattr(torch, dtype))
         self.model.to(self.device).eval()  # eval: no dropout, so sampling and scoring see one model
         self.model.requires_grad_(trainable)
+        # generate() feeds the head the last position of every row, a non-contiguous slice; on such a
+        # batch torch's linear copies the head's weight once per row (~150x slower for 16 rows on a CPU).
+        self.model.get_output_embeddings().register_forward_pre_hook(_contiguous_input)
         eos = self.model.generation_config.eos_token_id
         if eos is None:
             eos = self.tokenizer.eos_token_id
@@ -135,8 +143,8 @@ class TransformersBackend:
         if prefix_cache_size < 1:
             raise ValueError(f"prefix_cache_size must be >= 1, got {prefix_cache_size}")
         self.prefix_cache, self.prefix_cache_size = prefix_cache, prefix_cache_size
-        #: Token ids -> per-layer (key, value) of exactly those tokens, shape [heads, len, dim].
-        self._prefixes: OrderedDict[tuple[int, ...], _LayerCache] = OrderedDict()
+        #: (view, token ids) -> per-layer (key, value) of exactly those tokens, shape [heads, len, dim].
+        self._prefixes: OrderedDict[tuple[tuple, tuple[int, ...]], LayerCache] = OrderedDict()
         self._prefix_weights: tuple | None = None
         self._adapters_disabled = False
         self.prefix_hits = self.prefix_misses = self.prefix_reused_tokens = 0
@@ -167,6 +175,8 @@ class TransformersBackend:
         floating-point rounding).
         """
         torch, transformers = _import_torch_transformers()
+        from simpop.agents.kv_buffer import batched_cache
+
         self._check_prompts(prompts, params)
         cached = self._lookup_prefixes(prompts)
         reuse = [_cached_length(kv) for kv in cached]
@@ -182,7 +192,7 @@ class TransformersBackend:
             input_ids[row, width - len(prompt) + reused :] = torch.tensor(prompt[reused:])
             attention_mask[row, past - reused : past] = 1
             attention_mask[row, width - len(prompt) + reused :] = 1
-        cache = self._batched_cache(cached, past) if past else None
+        cache = batched_cache(self.model.config, cached, past, width + params.max_new_tokens)
         # top_k=0: plain temperature / nucleus sampling, not a top-k default from the model or transformers.
         sampling = (
             {"do_sample": False}
@@ -237,90 +247,77 @@ class TransformersBackend:
         self._prefixes.clear()
 
     def _weights_state(self) -> tuple:
-        """What the cached keys and values depend on: the model object, the active (or disabled)
-        adapter, and every parameter's in-place version counter (optimizer steps, ``load`` copies)."""
+        """What every cached key and value depends on: the model object and every parameter's in-place
+        version counter (optimizer steps, ``load`` copies)."""
         parameters = list(self.model.parameters())
-        return (
-            id(self.model),
-            self.active_adapter,
-            self._adapters_disabled,
-            len(parameters),
-            sum(p._version for p in parameters),
-        )
+        return id(self.model), len(parameters), sum(p._version for p in parameters)
 
-    def _lookup_prefixes(self, prompts: list[list[int]]) -> list[_LayerCache | None]:
-        """Per prompt, the cache of its longest prefix held by any cached sequence (at least one token
-        of the prompt stays to read); prompts of one call that share a long prefix read it once."""
+    def _view(self) -> tuple:
+        """Which model of this backend generates: the active adapter, or the base with adapters disabled.
+        Cached sequences are kept per view, so alternating adapters (a policy and its simulators on
+        one base model) do not evict each other."""
+        return self.active_adapter, self._adapters_disabled
+
+    def _lookup_prefixes(self, prompts: list[list[int]]) -> list[LayerCache | None]:
+        """Per prompt, the cache of its longest prefix held by any cached sequence of the current view
+        (at least one token of the prompt stays to read); prompts of one call that share a long prefix
+        read it once."""
         if not self.prefix_cache:
             return [None] * len(prompts)
         state = self._weights_state()
         if state != self._prefix_weights:
             self._prefixes.clear()
             self._prefix_weights = state
-        found = [self._longest_prefix(prompt) for prompt in prompts]
+        view = self._view()
+        found = [self._longest_prefix(view, prompt) for prompt in prompts]
         shared = min(len(os.path.commonprefix(prompts)), min(map(len, prompts)) - 1)
         if len(prompts) > 1 and shared >= _MIN_SHARED_PREFIX and any(_cached_length(kv) < shared for kv in found):
-            self._read_prefix(prompts[0][:shared])
-            found = [self._longest_prefix(prompt) for prompt in prompts]
+            self._read_prefix(view, prompts[0][:shared])
+            found = [self._longest_prefix(view, prompt) for prompt in prompts]
         for kv in found:
             self.prefix_hits += kv is not None
             self.prefix_misses += kv is None
             self.prefix_reused_tokens += _cached_length(kv)
         return found
 
-    def _longest_prefix(self, prompt: list[int]) -> _LayerCache | None:
-        """Keys and values of the longest start of ``prompt`` that a cached sequence begins with."""
+    def _longest_prefix(self, view: tuple, prompt: list[int]) -> LayerCache | None:
+        """Keys and values of the longest start of ``prompt`` that a cached sequence of ``view`` begins with."""
         best, length = None, 0
         for key in self._prefixes:
-            common = min(len(os.path.commonprefix([key, tuple(prompt)])), len(prompt) - 1)
-            if common > length:
-                best, length = key, common
+            if key[0] == view:
+                common = min(len(os.path.commonprefix([key[1], tuple(prompt)])), len(prompt) - 1)
+                if common > length:
+                    best, length = key, common
         if best is None:
             return None
         self._prefixes.move_to_end(best)
         return [(keys[:, :length], values[:, :length]) for keys, values in self._prefixes[best]]
 
-    def _read_prefix(self, tokens: list[int]) -> None:
+    def _read_prefix(self, view: tuple, tokens: list[int]) -> None:
         """Run the model over ``tokens`` alone and cache their keys and values."""
         torch, _ = _import_torch_transformers()
         with torch.no_grad():
-            out = self.model(input_ids=torch.tensor([tokens], device=self.device), use_cache=True)
-        self._remember(tokens, [(layer.keys[0].clone(), layer.values[0].clone()) for layer in out.cache.layers])
+            out = self.model(input_ids=torch.tensor([tokens], device=self.device), use_cache=True, logits_to_keep=1)
+        self._remember(view, tokens, [(layer.keys[0].clone(), layer.values[0].clone()) for layer in out.cache.layers])
 
-    def _remember(self, tokens: Sequence[int], kv: _LayerCache) -> None:
-        key = tuple(tokens)
+    def _remember(self, view: tuple, tokens: Sequence[int], kv: LayerCache) -> None:
+        key = (view, tuple(tokens))
         self._prefixes[key] = kv
         self._prefixes.move_to_end(key)
         while len(self._prefixes) > self.prefix_cache_size:
             self._prefixes.popitem(last=False)
 
-    def _batched_cache(self, cached: list[_LayerCache | None], past: int):
-        """A DynamicCache of ``past`` positions: each row's cached prefix, right-aligned, zeros before it."""
-        torch, transformers = _import_torch_transformers()
-        layers = []
-        template = next(kv for kv in cached if kv)
-        for layer, (key0, _) in enumerate(template):
-            shape = (len(cached), key0.shape[0], past, key0.shape[2])
-            keys = torch.zeros(shape, dtype=key0.dtype, device=key0.device)
-            values = torch.zeros(shape, dtype=key0.dtype, device=key0.device)
-            for row, kv in enumerate(cached):
-                if kv:
-                    length = kv[layer][0].shape[1]
-                    keys[row, :, past - length :] = kv[layer][0]
-                    values[row, :, past - length :] = kv[layer][1]
-            layers.append((keys, values))
-        return transformers.DynamicCache(layers, config=self.model.config)
-
     def _store_prefixes(self, generations: list[Generation], cache, attention_mask, width: int) -> None:
         """Cache the keys and values of each row's prompt + completion, but its last token (never read)."""
         torch, _ = _import_torch_transformers()
+        view = self._view()
         for row, generation in enumerate(generations):
             # This row's cache columns: the prompt's masked-in ones, then the completion but its last token.
             columns = attention_mask[row].nonzero().squeeze(-1).tolist()
             columns += range(width, width + len(generation.token_ids) - 1)
             index = torch.tensor(columns, dtype=torch.long, device=self.device)
             kv = [(layer.keys[row, :, index].clone(), layer.values[row, :, index].clone()) for layer in cache.layers]
-            self._remember(generation.prompt_ids + generation.token_ids[:-1], kv)
+            self._remember(view, generation.prompt_ids + generation.token_ids[:-1], kv)
 
     def _finish(
         self, prompt: list[int], tokens: list[int], logprobs: list[float] | None, stop: Sequence[str]

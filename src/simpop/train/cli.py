@@ -132,7 +132,8 @@ def build_policy(env: Any, config: Any):
         return ActPolicy.for_env(env, config.hidden_size, config.seed)
     from simpop.agents.transformers_backend import TransformersBackend
 
-    backend = TransformersBackend(config.model, dtype=config.dtype, trainable=not config.lora)
+    backend = TransformersBackend(config.model, dtype=config.dtype, trainable=not config.lora,
+                                  prefix_cache=config.prefix_cache)
     return LLMPolicy(backend, config.sampling(), lora=config.lora, lora_r=config.lora_r, lora_alpha=config.lora_alpha)
 
 
@@ -283,7 +284,8 @@ def build_trainable_simulators(spec_text: str, env: Any, grpo: Any, count: int) 
         params = SamplingParams(max_new_tokens=decoding["max_new_tokens"], temperature=decoding["temperature"],
                                 top_p=decoding["top_p"])
         personas = resolve_personas(spec.personas, env)
-        backend = TransformersBackend(spec.model, dtype=grpo.dtype)  # one base model, one adapter per simulator
+        # One base model, one adapter per simulator.
+        backend = TransformersBackend(spec.model, dtype=grpo.dtype, prefix_cache=grpo.prefix_cache)
         return [TrainableLLMSimulator(backend, adapter=f"cotrain{i}", params=params, lora_r=grpo.lora_r,
                                       lora_alpha=grpo.lora_alpha, name=f"cotrain-{i}", personas=personas,
                                       persona_set=spec.personas if personas is not None else None)

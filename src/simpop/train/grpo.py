@@ -74,6 +74,9 @@ class GRPOConfig:
         top_p: Nucleus sampling mass of text policy turns (1 disables it).
         model: Text policies built by the CLI: an embedded model name (``smollm2``) or a local HF folder.
         dtype: Weights dtype of a text policy built by the CLI (``float32`` or ``bfloat16``).
+        prefix_cache: Text models built by the CLI keep each dialogue's KV cache between its turns, so
+            a turn reads only its new tokens (about 3x faster collection; memory: up to 64 cached
+            dialogues, ~46 KB per token for SmolLM2 in float32). Dropped at every weight update.
         lora: Train LoRA adapters instead of all weights (text policies); the reference is then the
             base model with adapters disabled, at no extra memory.
         lora_r: LoRA rank.
@@ -100,6 +103,7 @@ class GRPOConfig:
     top_p: float = 1.0
     model: str = "smollm2"
     dtype: Literal["float32", "bfloat16"] = "float32"
+    prefix_cache: bool = True
     lora: bool = False
     lora_r: int = 16
     lora_alpha: int = 32

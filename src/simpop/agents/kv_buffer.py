@@ -1,0 +1,107 @@
+"""A KV cache for one ``generate`` call that writes into buffers sized for the whole call.
+
+Transformers' default cache grows each layer by concatenation, so every decoding step copies the
+whole cache once per layer; for a batch of dialogues on a CPU that copy costs more than the model's
+matrix products. :func:`batched_cache` allocates each layer's keys and values once, for the call's
+final length, and a step writes only its new position. Rows may start from cached prefixes (the
+backend's prefix KV cache), held right-aligned in the first ``past`` positions.
+
+Imported lazily by :class:`~simpop.agents.transformers_backend.TransformersBackend` (needs
+transformers).
+"""
+
+from __future__ import annotations
+
+import torch
+import transformers
+from transformers.cache_utils import DynamicLayer
+
+#: Keys and values of one sequence, per layer, each of shape ``[kv_heads, tokens, head_dim]``.
+LayerCache = list[tuple[torch.Tensor, torch.Tensor]]
+
+
+class BufferedLayer(DynamicLayer):
+    """A :class:`DynamicLayer` whose ``keys``/``values`` are views of buffers of ``capacity`` positions.
+
+    Appending writes in place; appending past the capacity, or after transformers replaced the views
+    (``crop``, ``batch_select_indices``), moves the cache to a new buffer first, so every
+    :class:`DynamicLayer` operation keeps working.
+    """
+
+    def __init__(self, capacity: int) -> None:
+        super().__init__()
+        self.capacity = capacity
+        self._keys = self._values = None
+
+    def lazy_initialization(self, key_states: torch.Tensor, value_states: torch.Tensor) -> None:
+        self.device = key_states.device
+        self._allocate(key_states[:, :, :0], value_states[:, :, :0])
+        self.is_initialized = True
+
+    def update(self, key_states: torch.Tensor, value_states: torch.Tensor, *args, **kwargs):
+        if not self.is_initialized:
+            self.lazy_initialization(key_states, value_states)
+        start = self.keys.shape[-2]
+        end = start + key_states.shape[-2]
+        if not self._is_view(self.keys, self._keys) or end > self._keys.shape[-2]:
+            self._allocate(self.keys, self.values, needed=end)
+        self._keys[:, :, start:end] = key_states
+        self._values[:, :, start:end] = value_states
+        self.keys, self.values = self._keys[:, :, :end], self._values[:, :, :end]
+        return self.keys, self.values
+
+    def _allocate(self, keys: torch.Tensor, values: torch.Tensor, needed: int = 0) -> None:
+        """New buffers of ``max(capacity, needed)`` positions that start with ``keys``/``values``."""
+        length = keys.shape[-2]
+        capacity = max(self.capacity, needed, length)
+        self._keys = keys.new_empty((*keys.shape[:2], capacity, keys.shape[3]))
+        self._values = values.new_empty((*values.shape[:2], capacity, values.shape[3]))
+        self._keys[:, :, :length] = keys
+        self._values[:, :, :length] = values
+        self.keys, self.values = self._keys[:, :, :length], self._values[:, :, :length]
+
+    @staticmethod
+    def _is_view(view: torch.Tensor, buffer: torch.Tensor | None) -> bool:
+        return (
+            buffer is not None
+            and view.data_ptr() == buffer.data_ptr()
+            and view.shape[:2] == buffer.shape[:2]
+            and view.stride() == buffer.stride()
+        )
+
+
+def batched_cache(
+    config, prefixes: list[LayerCache | None], past: int, capacity: int
+) -> transformers.DynamicCache | None:
+    """The cache a ``generate`` call of ``len(prefixes)`` rows starts from, with room for ``capacity``
+    positions (None: no prefixes, and transformers' own cache will do).
+
+    Row ``r`` holds ``prefixes[r]`` (or nothing) right-aligned in positions ``[0, past)``, zeros before
+    it (the caller's attention mask excludes them). Models with layers other than plain full attention
+    (sliding windows, ...) get transformers' layers holding the same prefixes.
+    """
+    rows = [_padded_layer(prefixes, index, past) for index in range(len(_first(prefixes)))] if any(prefixes) else []
+    cache = transformers.DynamicCache(config=config)
+    if not cache.layers or any(type(layer) is not DynamicLayer for layer in cache.layers):
+        return transformers.DynamicCache(rows, config=config) if rows else None
+    cache.layers = [BufferedLayer(capacity) for _ in cache.layers]
+    for layer, (keys, values) in zip(cache.layers, rows):
+        layer.update(keys, values)
+    return cache
+
+
+def _first(prefixes: list[LayerCache | None]) -> LayerCache:
+    return next(kv for kv in prefixes if kv)
+
+
+def _padded_layer(prefixes: list[LayerCache | None], index: int, past: int) -> tuple[torch.Tensor, torch.Tensor]:
+    """Layer ``index``'s keys and values of every row, right-aligned in ``past`` positions."""
+    key0, value0 = _first(prefixes)[index]
+    keys = key0.new_zeros((len(prefixes), key0.shape[0], past, key0.shape[2]))
+    values = value0.new_zeros((len(prefixes), value0.shape[0], past, value0.shape[2]))
+    for row, kv in enumerate(prefixes):
+        if kv:
+            length = kv[index][0].shape[1]
+            keys[row, :, past - length:] = kv[index][0]
+            values[row, :, past - length:] = kv[index][1]
+    return keys, values

@@ -1,0 +1,66 @@
+"""The preallocated generation cache: same keys, values and tokens as transformers' own cache."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+import transformers
+from transformers.cache_utils import DynamicLayer, DynamicSlidingWindowLayer
+
+from simpop.agents.kv_buffer import BufferedLayer, batched_cache
+
+SIZES = dict(num_hidden_layers=2, hidden_size=32, intermediate_size=64, num_attention_heads=4,
+             num_key_value_heads=2, vocab_size=50, max_position_embeddings=128)
+
+
+def test_buffered_layer_writes_in_place_and_matches_a_dynamic_layer():
+    buffered, dynamic = BufferedLayer(capacity=6), DynamicLayer()
+    chunks = [torch.randn(2, 3, n, 4) for n in (3, 2, 1, 4)]  # the last one overflows the capacity
+    pointers = []
+    for chunk in chunks:
+        keys, values = buffered.update(chunk, -chunk)
+        expected_keys, expected_values = dynamic.update(chunk, -chunk)
+        assert torch.equal(keys, expected_keys) and torch.equal(values, expected_values)
+        pointers.append(keys.data_ptr())
+    assert pointers[0] == pointers[1] == pointers[2] != pointers[3]  # moved only when full
+    assert buffered.get_seq_length() == 10
+    for layer in (buffered, dynamic):  # transformers' own edits of the views still compose with update
+        layer.crop(-3)
+        layer.batch_select_indices(torch.tensor([1]))
+    extra = torch.randn(1, 3, 2, 4)
+    assert torch.equal(buffered.update(extra, extra)[0], dynamic.update(extra, extra)[0])
+    assert buffered.keys.shape == (1, 3, 9, 4)
+
+
+@pytest.mark.parametrize("model_class, config_class", [
+    (transformers.LlamaForCausalLM, transformers.LlamaConfig),
+    (transformers.MistralForCausalLM, transformers.MistralConfig),  # sliding window: transformers' layers
+])
+def test_generation_from_a_batched_cache_equals_a_full_read(model_class, config_class):
+    torch.manual_seed(0)
+    config = config_class(**SIZES, **({"sliding_window": 64} if config_class is transformers.MistralConfig else {}))
+    model = model_class(config).eval()
+    prompts = [[5, 6, 7, 8, 9, 10], [11, 12, 13]]
+    reuse = [4, 2]  # each row's first tokens come from a cached prefix
+    settings = dict(max_new_tokens=5, do_sample=False, pad_token_id=0, eos_token_id=None)
+    with torch.no_grad():
+        prefixes = []
+        for prompt, n in zip(prompts, reuse):
+            out = model(input_ids=torch.tensor([prompt[:n]]), use_cache=True)
+            prefixes.append([(layer.keys[0], layer.values[0]) for layer in out.past_key_values.layers])
+        past, suffix = max(reuse), max(len(p) - n for p, n in zip(prompts, reuse))
+        ids = torch.zeros((2, past + suffix), dtype=torch.long)
+        mask = torch.zeros_like(ids)
+        for row, (prompt, n) in enumerate(zip(prompts, reuse)):  # [pad][prefix][pad][suffix]
+            ids[row, past - n : past], ids[row, past + suffix - len(prompt) + n :] = (
+                torch.tensor(prompt[:n]), torch.tensor(prompt[n:]))
+            mask[row, past - n : past] = mask[row, past + suffix - len(prompt) + n :] = 1
+        cache = batched_cache(config, prefixes, past, past + suffix + 5)
+        layer_type = BufferedLayer if config_class is transformers.LlamaConfig else DynamicSlidingWindowLayer
+        assert all(type(layer) is layer_type for layer in cache.layers)
+        cached = model.generate(input_ids=ids, attention_mask=mask, cache=cache, **settings)[:, past + suffix:]
+        for row, prompt in enumerate(prompts):
+            full = model.generate(input_ids=torch.tensor([prompt]), **settings)[0, len(prompt):]
+            assert cached[row].tolist() == full.tolist()
+    no_prefix = batched_cache(config, [None, None], 0, 8)  # sliding windows: transformers builds its own
+    assert (no_prefix is None) == (layer_type is DynamicSlidingWindowLayer)
