@@ -337,7 +337,7 @@ def _transformers(model: str, config: CollapseConfig, backends: dict[str, Any], 
     if key not in backends:
         from simpop.agents.transformers_backend import TransformersBackend
 
-        backends[key] = TransformersBackend(model, dtype=config.dtype)
+        backends[key] = TransformersBackend(model, dtype=config.dtype, prefix_cache=True)
     return backends[key]
 
 
@@ -355,7 +355,8 @@ def _frozen_and_verbalized(condition: str, config: CollapseConfig, backends: dic
 
     spec = config.sim_model or config.model
     if spec not in backends:  # HTTP backends take no dtype
-        backends[spec] = load_backend(spec) if spec.startswith("openai:") else load_backend(spec, dtype=config.dtype)
+        backends[spec] = (load_backend(spec) if spec.startswith("openai:")
+                          else load_backend(spec, dtype=config.dtype, prefix_cache=True))
     backend = backends[spec]
     if condition == "frozen":
         from simpop.simulators.llm import LLMSimulator
