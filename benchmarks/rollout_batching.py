@@ -79,9 +79,13 @@ def measure(dtype: str, args: argparse.Namespace) -> float:
               f"{stats.outside_model_frac:7.2%} | {stats.policy_tokens:10d} | {replies:10d} | "
               f"{stats.policy_calls + stats.simulator_calls:5d}")
     batched, sequential = results["batched"], results["sequential"]
-    speedup = sequential.total_s / batched.total_s
-    print(f"{dtype:>8} | speed-up (sequential / batched wall time): {speedup:.2f}x  (target >= 4x: "
-          f"{'met' if speedup >= 4 else 'NOT met'}); time outside model calls (batched): "
+    wall = sequential.total_s / batched.total_s
+    per_token = (batched.policy_tokens / batched.total_s) / (sequential.policy_tokens / sequential.total_s)
+    # Greedy decoding in bfloat16 may take a different path in a padded batch than alone (rounding), so
+    # the two runs can generate different token counts; the verdict uses the lower of the two ratios.
+    speedup = min(wall, per_token)
+    print(f"{dtype:>8} | speed-up (sequential / batched): {wall:.2f}x wall time, {per_token:.2f}x per policy token "
+          f"(target >= 4x: {'met' if speedup >= 4 else 'NOT met'}); time outside model calls (batched): "
           f"{batched.outside_model_frac:.2%}  (target <= 5%: {'met' if batched.outside_model_frac <= 0.05 else 'NOT met'})")
     if args.prefix_cache:
         print(f"{dtype:>8} | prefix cache (both modes): {backend.prefix_hits} hits, {backend.prefix_misses} misses, "
