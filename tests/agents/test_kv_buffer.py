@@ -23,7 +23,7 @@ def test_buffered_layer_writes_in_place_and_matches_a_dynamic_layer():
         assert torch.equal(keys, expected_keys) and torch.equal(values, expected_values)
         pointers.append(keys.data_ptr())
     assert pointers[0] == pointers[1] == pointers[2] != pointers[3]  # moved only when full
-    assert buffered.get_seq_length() == 10
+    assert buffered.get_seq_length() == 10 and buffered.capacity == 12  # grew geometrically
     for layer in (buffered, dynamic):  # transformers' own edits of the views still compose with update
         layer.crop(-3)
         layer.batch_select_indices(torch.tensor([1]))

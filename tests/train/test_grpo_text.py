@@ -103,5 +103,4 @@ def test_prefix_cache_collects_the_uncached_rollouts_across_lora_updates():
     for stage in (0, 1):  # before and after a weight update
         assert ([t.token_ids for t in runs[True][stage].trajectories]
                 == [t.token_ids for t in runs[False][stage].trajectories])
-    backend = runs[True][2]
-    assert backend.prefix_hits > 0 and runs[False][2].prefix_hits == 0
+    assert runs[True][2].prefix_hits > 0 and runs[False][2].prefix_hits == 0

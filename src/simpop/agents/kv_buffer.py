@@ -43,17 +43,19 @@ class BufferedLayer(DynamicLayer):
             self.lazy_initialization(key_states, value_states)
         start = self.keys.shape[-2]
         end = start + key_states.shape[-2]
+        if end > self.capacity:
+            self.capacity = max(2 * self.capacity, end)  # grow geometrically: few moves
         if not self._is_view(self.keys, self._keys) or end > self._keys.shape[-2]:
-            self._allocate(self.keys, self.values, needed=end)
+            self._allocate(self.keys, self.values)
         self._keys[:, :, start:end] = key_states
         self._values[:, :, start:end] = value_states
         self.keys, self.values = self._keys[:, :, :end], self._values[:, :, :end]
         return self.keys, self.values
 
-    def _allocate(self, keys: torch.Tensor, values: torch.Tensor, needed: int = 0) -> None:
-        """New buffers of ``max(capacity, needed)`` positions that start with ``keys``/``values``."""
+    def _allocate(self, keys: torch.Tensor, values: torch.Tensor) -> None:
+        """New buffers of ``capacity`` positions (or more, to hold them) that start with ``keys``/``values``."""
         length = keys.shape[-2]
-        capacity = max(self.capacity, needed, length)
+        capacity = max(self.capacity, length)
         self._keys = keys.new_empty((*keys.shape[:2], capacity, keys.shape[3]))
         self._values = values.new_empty((*values.shape[:2], capacity, values.shape[3]))
         self._keys[:, :, :length] = keys
@@ -74,11 +76,12 @@ def batched_cache(
     config, prefixes: list[LayerCache | None], past: int, capacity: int
 ) -> transformers.DynamicCache | None:
     """The cache a ``generate`` call of ``len(prefixes)`` rows starts from, with room for ``capacity``
-    positions (None: no prefixes, and transformers' own cache will do).
+    positions.
 
     Row ``r`` holds ``prefixes[r]`` (or nothing) right-aligned in positions ``[0, past)``, zeros before
     it (the caller's attention mask excludes them). Models with layers other than plain full attention
-    (sliding windows, ...) get transformers' layers holding the same prefixes.
+    (sliding windows, ...) get transformers' own layers holding the same prefixes, or None without
+    prefixes (``generate`` then builds its own cache).
     """
     rows = [_padded_layer(prefixes, index, past) for index in range(len(_first(prefixes)))] if any(prefixes) else []
     cache = transformers.DynamicCache(config=config)

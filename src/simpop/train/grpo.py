@@ -75,8 +75,9 @@ class GRPOConfig:
         model: Text policies built by the CLI: an embedded model name (``smollm2``) or a local HF folder.
         dtype: Weights dtype of a text policy built by the CLI (``float32`` or ``bfloat16``).
         prefix_cache: Text models built by the CLI keep each dialogue's KV cache between its turns, so
-            a turn reads only its new tokens (about 3x faster collection; memory: up to 64 cached
-            dialogues, ~46 KB per token for SmolLM2 in float32). Dropped at every weight update.
+            a turn reads only its new tokens (3x faster collection in ``benchmarks/rollout_batching.py``;
+            memory: up to 64 cached sequences per model, ~46 KB per token for SmolLM2 in float32).
+            Dropped at every weight update.
         lora: Train LoRA adapters instead of all weights (text policies); the reference is then the
             base model with adapters disabled, at no extra memory.
         lora_r: LoRA rank.
