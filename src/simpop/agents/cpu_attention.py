@@ -15,12 +15,14 @@ from transformers.integrations.sdpa_attention import sdpa_attention_forward
 from transformers.masking_utils import sdpa_mask
 
 NAME = "simpop_cpu_sdpa"
+#: Attend to every position (broadcast over batch, heads and keys); CPU only, like the whole module.
+_ALL_POSITIONS = torch.ones((1, 1, 1, 1), dtype=torch.bool)
 
 
 def packed_sdpa(module, query, key, value, attention_mask, **kwargs):
     """transformers' SDPA attention, with an all-true mask on unmasked grouped-query decoding steps."""
     if attention_mask is None and query.shape[2] == 1 and getattr(module, "num_key_value_groups", 1) > 1:
-        attention_mask = torch.ones((1, 1, 1, 1), dtype=torch.bool, device=query.device)
+        attention_mask = _ALL_POSITIONS
     return sdpa_attention_forward(module, query, key, value, attention_mask, **kwargs)
 
 

@@ -60,13 +60,15 @@ def _dense_input(module, args: tuple) -> tuple:
     torch's linear on such a strided batch copies the head's weight once per row (150x slower for
     16 rows on a CPU), and in bfloat16 even a one-row slice that counts as contiguous is 15x slower.
     """
+    import torch
+
     tensor = args[0]
     strides, step = [], 1
     for size in reversed(tensor.shape):
         strides.append(step)
         step *= size
     if tensor.stride() != tuple(reversed(strides)):
-        tensor = tensor.clone(memory_format=_import_torch_transformers()[0].contiguous_format)
+        tensor = tensor.clone(memory_format=torch.contiguous_format)
     return (tensor, *args[1:])
 
 
