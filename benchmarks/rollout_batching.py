@@ -1,6 +1,6 @@
 """Rollout batching: 16 P4G text dialogues at once vs one at a time, same backend, same seeds.
 
-Both runs use the :class:`~simpop.train.rollout.RolloutEngine` with the embedded SmolLM2 in both seats
+Both runs use the :class:`~simpop.rollout.RolloutEngine` with the embedded SmolLM2 in both seats
 (the policy through token-in/token-out prompts, the persuadee as a frozen greedy
 :class:`~simpop.simulators.llm.LLMSimulator`); only ``n_envs`` differs (16 vs 1). Decoding is greedy
 on both seats so that the two runs do the same work (the token counts are printed to check).
@@ -26,8 +26,8 @@ from simpop.agents.base import SamplingParams
 from simpop.agents.transformers_backend import TransformersBackend
 from simpop.envs.persuasion.env import PersuasionEnv
 from simpop.simulators.llm import LLMSimulator
-from simpop.train.grpo import LLMPolicy
-from simpop.train.rollout import RolloutEngine, RolloutStats, Trajectory
+from simpop.agents.policy import LLMPolicy
+from simpop.rollout import RolloutEngine, RolloutStats, Trajectory
 
 ENV = "simpop/Persuasion-v0"
 

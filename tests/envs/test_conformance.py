@@ -1,96 +1,78 @@
-"""Conformance tests generated from the registry: every registered id is covered on registration."""
+"""Conformance tests generated from the registry: every registered id is covered on registration.
+
+The checks themselves live in :mod:`simpop.testing`, where users run them on their own envs and
+simulators; here every registered id runs every env check (:data:`simpop.testing.ENV_CHECKS`), the
+single-agent view made by ``gymnasium.make`` passes Gymnasium's checker, and every id's native
+simulator runs every simulator check (:data:`simpop.testing.SIMULATOR_CHECKS`).
+"""
 
 from __future__ import annotations
 
-import pickle
+import functools
+import json
+from collections.abc import Callable
+from typing import Any
 
 import gymnasium
+import numpy as np
 import pytest
-from gymnasium.utils.env_checker import check_env
-from pettingzoo.test import parallel_api_test
 
 import simpop
-from simpop.envs.registration import spec
+from simpop import testing
+from simpop.envs.registration import load, spec
 
 #: Extra constructor arguments some ids need in tests (e.g. a dataset path); filled by benchmarks' conftest.
 from tests.envs.registry_kwargs import kwargs_for
 
 IDS = simpop.ids()
+#: Ids with a native simulator for the user seat.
+SIMULATED = [i for i in IDS if spec(i).default_simulator]
+
+#: Arguments for particular checks (the settings these tests used before the checks moved into simpop.testing).
+CHECK_KWARGS: dict[str, dict[str, Any]] = {
+    "parallel_api": {"num_cycles": 60},
+    "determinism": {"seed": 7, "steps": 12, "min_steps": 10},
+    "pickle": {"seed": 3},
+}
+#: Simulator-check settings: one episode per run keeps the τ² and CooperBench ids to seconds.
+SIMULATOR_KWARGS: dict[str, Any] = {"seed": 0, "episodes": 1, "slots": 3}
 
 
-def _sample_actions(env, step: int) -> dict:
-    """Seeded actions for every live seat (the off-turn one is ignored by the env)."""
-    actions = {}
-    for i, agent in enumerate(env.agents):
-        space = env.action_space(agent)
-        space.seed(1000 * step + i)
-        actions[agent] = space.sample()
-    return actions
+def env_factory(env_id: str) -> Callable[[], Any]:
+    """A zero-argument factory for ``env_id`` with the test kwargs it needs."""
+    return functools.partial(simpop.make, env_id, **kwargs_for(env_id))
 
 
-def _rollout(env, seed: int, steps: int = 12) -> list:
-    obs, _ = env.reset(seed=seed)
-    record = [obs]
-    for step in range(steps):
-        if not env.agents:
-            obs, _ = env.reset(seed=seed + step + 1)
-            record.append(("reset", obs))
-            continue
-        record.append(env.step(_sample_actions(env, step)))
-    record.append([(t.seat, t.text, t.act) for t in env.transcript])
-    return record
+def _cooperbench_policy(observation: str, action_space: Any, rng: np.random.Generator) -> str:
+    """Say hello, then submit: sampled text is never a valid CooperBench action, so the teammate would never act."""
+    if json.loads(observation)["messages"]:
+        return json.dumps({"type": "submit"})
+    return json.dumps({"type": "message", "text": "I'll take feature 1; tell me which files you touch."})
+
+
+#: Policy-seat players for the simulator checks, by env entry point (others: sample the policy seat's space).
+POLICIES: dict[str, testing.Policy] = {"simpop.envs.cooperbench.env:CooperBenchEnv": _cooperbench_policy}
 
 
 def test_registry_is_not_empty():
     assert "simpop/Persuasion-v0" in IDS and "simpop/PersuasionAct-v0" in IDS
 
 
+@pytest.mark.parametrize("check", list(testing.ENV_CHECKS))
 @pytest.mark.parametrize("env_id", IDS)
-def test_parallel_api(env_id):
-    env = simpop.make(env_id, **kwargs_for(env_id))
-    parallel_api_test(env, num_cycles=60)
+def test_env_conforms(env_id, check):
+    testing.ENV_CHECKS[check](env_factory(env_id), **CHECK_KWARGS.get(check, {}))
 
 
-@pytest.mark.parametrize("env_id", IDS)
-def test_same_seed_same_transcript(env_id):
-    a = _rollout(simpop.make(env_id, **kwargs_for(env_id)), seed=7)
-    b = _rollout(simpop.make(env_id, **kwargs_for(env_id)), seed=7)
-    assert repr(a) == repr(b)
-    assert sum(1 for r in a if isinstance(r, tuple) and len(r) == 5) >= 10
-
-
-@pytest.mark.parametrize("env_id", IDS)
-def test_pickle_round_trip(env_id):
-    env = simpop.make(env_id, **kwargs_for(env_id))
-    env.reset(seed=3)
-    env.step(_sample_actions(env, 0))
-    clone = pickle.loads(pickle.dumps(env))
-    assert [(t.seat, t.text) for t in clone.transcript] == [(t.seat, t.text) for t in env.transcript]
-    actions = _sample_actions(env, 1)
-    assert repr(clone.step(actions)) == repr(env.step(actions))
-
-
-@pytest.mark.parametrize("env_id", IDS)
-def test_scenarios_selectable(env_id):
-    env = simpop.make(env_id, **kwargs_for(env_id))
-    scenario_ids = env.scenario_ids()
-    assert scenario_ids and len(set(scenario_ids)) == len(scenario_ids)
-    env.reset(seed=0, options={"scenario_id": scenario_ids[-1]})
-    assert env.scenario.id == scenario_ids[-1]
-    with pytest.raises(KeyError, match="scenario_id"):
-        env.reset(options={"scenario_id": "no-such-scenario"})
-
-
-@pytest.mark.parametrize("env_id", IDS)
-def test_spaces_memoised(env_id):
-    env = simpop.make(env_id, **kwargs_for(env_id))
-    for agent in env.possible_agents:
-        assert env.observation_space(agent) is env.observation_space(agent)
-        assert env.action_space(agent) is env.action_space(agent)
-    assert len(env.possible_agents) == 2 and env.policy_seat != env.user_seat
-
-
-@pytest.mark.parametrize("env_id", [i for i in IDS if spec(i).default_simulator])
+@pytest.mark.parametrize("env_id", SIMULATED)
 def test_single_agent_view_passes_gymnasium_checker(env_id):
-    env = gymnasium.make(env_id, **kwargs_for(env_id))
-    check_env(env.unwrapped, skip_render_check=True)
+    view = gymnasium.make(env_id, **kwargs_for(env_id)).unwrapped
+    testing.check_single_agent_view(view.env, view.simulator)
+
+
+@pytest.mark.parametrize("check", list(testing.SIMULATOR_CHECKS))
+@pytest.mark.parametrize("env_id", SIMULATED)
+def test_native_simulator_conforms(env_id, check):
+    policy = POLICIES.get(spec(env_id).entry_point)
+    testing.SIMULATOR_CHECKS[check](load(spec(env_id).default_simulator), env_factory(env_id), policy=policy,
+                                    **SIMULATOR_KWARGS)

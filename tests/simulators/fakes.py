@@ -10,8 +10,8 @@ from typing import Any
 import numpy as np
 
 from simpop.agents.base import Chat, Generation, SamplingParams
-from simpop.simulators.base import Simulator
-from simpop.simulators.spec import SimulatorSpec
+from simpop.seat import Simulator
+from simpop.seat import SimulatorSpec
 
 PHRASES = ["Sure, tell me more.", "I am not convinced.", "How much would help?", "Maybe later.", "No thanks."]
 

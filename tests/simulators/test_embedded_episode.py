@@ -8,7 +8,7 @@ import simpop
 from simpop.agents.base import SamplingParams
 from simpop.envs.dialogue import parse_observation
 from simpop.envs.wrappers import UserSeat
-from simpop.simulators.spec import build_simulator
+from simpop.simulators.registry import build_simulator
 
 
 @pytest.fixture(scope="module")

@@ -9,7 +9,7 @@ import pytest
 
 from simpop.agents.base import SamplingParams
 from simpop.simulators.llm import FALLBACK_REPLY, LLMSimulator
-from simpop.simulators.spec import SimulatorSpec
+from simpop.seat import SimulatorSpec
 from tests.simulators.fakes import PHRASES, FakeBackend, FakeScenario, observation
 
 

@@ -10,7 +10,7 @@ from simpop.envs.persuasion.model import AMOUNT_LEVELS
 from simpop.simulators.population import CheckpointPool
 from simpop.simulators.trainable import REFUSE, TrainableActPersuadee, replay
 from simpop.train.grpo import ActPolicy
-from simpop.train.rollout import RolloutEngine
+from simpop.rollout import RolloutEngine
 
 ENV = "simpop/PersuasionAct-v0"
 

@@ -17,7 +17,7 @@ from simpop.simulators.trainable import TrainableActPersuadee
 from simpop.train.cotrain import (CoTrainConfig, CoTrainer, simulator_advantages, simulator_objective,
                                   training_simulator)
 from simpop.train.grpo import ActPolicy, Batch, GRPOConfig
-from simpop.train.rollout import RolloutEngine
+from simpop.rollout import RolloutEngine
 
 ENV = "simpop/PersuasionAct-v0"
 GRPO = GRPOConfig(group_size=4, scenarios_per_update=4, seed=0)

@@ -11,7 +11,7 @@ from simpop.envs.persuasion.simulators import native_act
 from simpop.evaluation.metrics import WALL_CLOCK_KEYS
 from simpop.train import checkpoint
 from simpop.train.grpo import ActPolicy, GRPOConfig, GRPOTrainer
-from simpop.train.rollout import RolloutEngine
+from simpop.rollout import RolloutEngine
 
 ENV = "simpop/PersuasionAct-v0"
 

@@ -10,7 +10,7 @@ import numpy as np
 
 from simpop.agents.base import Chat, Generation, SamplingParams
 from simpop.envs.dialogue import DialogueEnv, Outcome, TextSpace, Turn
-from simpop.simulators.base import Simulator
+from simpop.seat import Simulator
 
 
 @dataclass(frozen=True)

@@ -9,7 +9,8 @@ exactly as generated (no re-tokenisation of the history); everything else can us
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import Protocol, runtime_checkable
+from contextlib import AbstractContextManager
+from typing import Any, Protocol, runtime_checkable
 
 Message = dict[str, str]
 Chat = list[Message]
@@ -88,4 +89,45 @@ class TokenBackend(Backend, Protocol):
 
     def generate_ids(self, prompts: list[list[int]], params: SamplingParams) -> list[Generation]:
         """Generate from exact prompt token ids (no re-tokenisation)."""
+        ...
+
+
+@runtime_checkable
+class TrainableBackend(TokenBackend, Protocol):
+    """An in-process model that training updates: per-token log-probs with gradient and LoRA adapters.
+
+    Generation may move to another engine (vLLM, a server) while training stays here: trainers and
+    trainable simulators need only this protocol.
+    """
+
+    model: Any
+
+    def token_logprobs(self, sequences: list[list[int]], masks: list[list[int]], temperature: float = 1.0) -> Any:
+        """Per-token log-probs and entropies of the masked tokens, with gradient (``TokenScores``)."""
+        ...
+
+    def parameters(self, adapter: str | None = None) -> list[Any]:
+        """Trainable parameters (of one adapter, if named)."""
+        ...
+
+    @property
+    def adapter_names(self) -> list[str]:
+        """The LoRA adapters on the model."""
+        ...
+
+    @property
+    def active_adapter(self) -> str | None:
+        """The adapter generation and scoring use now."""
+        ...
+
+    def add_adapter(self, name: str, r: int = 8, alpha: int = 16, **options: Any) -> None:
+        """Add a LoRA adapter and make it active."""
+        ...
+
+    def set_adapter(self, name: str) -> None:
+        """Make an adapter active."""
+        ...
+
+    def disabled_adapters(self) -> AbstractContextManager[None]:
+        """The base model with adapters off."""
         ...

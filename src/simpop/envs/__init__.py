@@ -1,6 +1,11 @@
-"""simpop environments: one folder per benchmark, registered by id (see :func:`ids`)."""
+"""simpop environments: one folder per benchmark, registered by id (see :func:`ids`).
+
+A benchmark registers its env ids here, and the native simulator kinds that spec strings can name
+(:func:`simpop.seat.register_simulator_kind`; entry points are strings, so nothing is imported yet).
+"""
 
 from simpop.envs.registration import EnvSpec, ids, make, register, spec
+from simpop.seat import Kind, register_simulator_kind
 
 __all__ = ["EnvSpec", "ids", "make", "register", "spec"]
 
@@ -20,3 +25,10 @@ register("simpop/Tau2-retail-v0", "simpop.envs.tau2.env:Tau2Env",
          default_simulator="simpop.envs.tau2.scripted:scripted_user", domain="retail")
 register("simpop/Tau2-telecom-v0", "simpop.envs.tau2.env:Tau2Env",
          default_simulator="simpop.envs.tau2.scripted:scripted_user", domain="telecom")
+
+register_simulator_kind("persuadee", Kind(
+    "simpop.envs.persuasion.simulators:from_spec",
+    "the native P4G persuadee (act or text level): model base | heldout-<i>; decoding sample | greedy",
+    decoding={"decoding": "sample", "temperature": 1.0}, extra={"jitter": 0.35, "model_seed": 4242},
+    needs_model=False, distribution=True,
+    trainable="simpop.envs.persuasion.trainable:TrainableActPersuadee.from_spec"))

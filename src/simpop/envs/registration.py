@@ -37,11 +37,14 @@ _REGISTRY: dict[str, EnvSpec] = {}
 
 
 def load(entry_point: str) -> Any:
-    """Import ``"module:attr"`` and return the attribute."""
+    """Import ``"module:attr"`` (``attr`` may be dotted, e.g. ``Class.from_spec``) and return the attribute."""
     module_name, _, attr = entry_point.partition(":")
     if not attr:
         raise ValueError(f"entry point {entry_point!r} must look like 'package.module:Name'")
-    return getattr(importlib.import_module(module_name), attr)
+    value = importlib.import_module(module_name)
+    for part in attr.split("."):
+        value = getattr(value, part)
+    return value
 
 
 def register(id: str, entry_point: str, default_simulator: str | None = None, **kwargs: Any) -> None:

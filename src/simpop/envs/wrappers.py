@@ -13,7 +13,7 @@ import gymnasium
 
 from simpop.envs.dialogue import DialogueEnv
 from simpop.envs.registration import load, make, spec
-from simpop.simulators.base import Simulator
+from simpop.seat import Simulator
 
 
 class UserSeat(gymnasium.Env):

@@ -119,7 +119,7 @@ def audit(specs: Sequence[str], n: int = 16, histories: Sequence[History] = HIST
     """Sample ``n`` replies per history from each simulator and measure their diversity.
 
     Args:
-        specs: Simulator spec strings (:mod:`simpop.simulators.spec`).
+        specs: Simulator spec strings (:mod:`simpop.seat`).
         n: Replies sampled per history.
         histories: The dialogue histories.
         env_id: The P4G text env the histories are replayed in.
@@ -134,7 +134,7 @@ def audit(specs: Sequence[str], n: int = 16, histories: Sequence[History] = HIST
         figures with the sampled replies.
     """
     import simpop
-    from simpop.simulators.spec import build_simulator
+    from simpop.simulators.registry import build_simulator
     from simpop.simulators.verbalized import VerbalizedSimulator
     from tqdm import tqdm
 

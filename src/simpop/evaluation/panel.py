@@ -1,13 +1,14 @@
 """Evaluate a policy on simulators: success per held-out panel member and overall, and policy entropy.
 
 :func:`evaluate` runs ``episodes`` dialogues of the policy against each simulator (a panel member, or
-the training simulator) with the :class:`~simpop.train.rollout.RolloutEngine`, sampling the policy as
+the training simulator) with the :class:`~simpop.rollout.RolloutEngine`, sampling the policy as
 it is trained. The same ``seed`` gives every call the same scenarios and env seeds, so conditions and
 evaluation points are compared on common random numbers.
 
-Policy entropy is measured on the policy's own decisions in those dialogues: act level, the entropy
-of its action distribution at each decision (``ActPolicy``); text level, the mean per-token entropy of
-its generated tokens (``LLMPolicy``). Both are in nats.
+Policy entropy is measured on the policy's own decisions in those dialogues by the policy itself
+(:class:`~simpop.agents.policy.Policy`): act level, the entropy of its action distribution at each
+decision; text level, the mean per-token entropy of its generated tokens. Both are in nats; a policy
+without an ``entropy`` method (a remote model, a scripted agent) reports nan.
 """
 
 from __future__ import annotations
@@ -18,11 +19,10 @@ from dataclasses import dataclass, field
 from typing import Any
 
 import numpy as np
-import torch
 
-from simpop.simulators.base import Simulator
+from simpop.rollout import RolloutEngine, Trajectory
+from simpop.seat import Simulator
 from simpop.simulators.population import Panel
-from simpop.train.rollout import RolloutEngine, Trajectory
 
 
 @dataclass
@@ -43,27 +43,10 @@ class EvalResult:
 
 
 def policy_entropy(policy: Any, trajectories: list[Trajectory]) -> float:
-    """Mean entropy of ``policy`` at its own decisions (act) or generated tokens (text) in ``trajectories``."""
-    from simpop.train.grpo import ActPolicy, LLMPolicy
-
-    with torch.no_grad():
-        if isinstance(policy, ActPolicy):
-            obs = [o for t in trajectories for o in t.observations[t.policy_seat]]
-            acts = [a for t in trajectories for a in t.actions[t.policy_seat]]
-            if not obs:
-                return math.nan
-            return float(policy.log_probs_and_entropy(obs, acts)[1].mean())
-        if isinstance(policy, LLMPolicy):
-            scored = [t for t in trajectories if t.policy_tokens > 0]
-            if not scored:
-                return math.nan
-            total, count = 0.0, 0.0
-            for t in scored:  # one dialogue at a time keeps memory flat
-                scores = policy.score([t.token_ids], [t.mask])
-                total += float((scores.entropies * scores.mask).sum())
-                count += float(scores.mask.sum())
-            return total / count if count else math.nan
-    raise TypeError(f"policy entropy needs an ActPolicy or an LLMPolicy, got {type(policy).__name__}")
+    """Mean entropy of ``policy`` at its own decisions in ``trajectories`` (its ``entropy`` method; nan if it
+    has none, e.g. a remote or scripted policy)."""
+    entropy = getattr(policy, "entropy", None)
+    return float(entropy(trajectories)) if callable(entropy) else math.nan
 
 
 def evaluate(env_id: str, policy: Any, simulators: Panel | Mapping[str, Simulator] | Simulator, episodes: int,

@@ -187,234 +187,89 @@ class CollapseConfig:
         return {"max_turns": self.max_turns}
 
 
-# ============================================================================ native persuadee variants
-def _configured(base: type) -> type:
-    """``base`` (ActPersuadee or TextPersuadee) with a spec, an optional persona set and optional
-    verbalized renormalisation of its stated distribution."""
-
-    class Configured(base):  # type: ignore[misc, valid-type]
-        def __init__(self, params: Any = None, *, decoding: str = "sample", temperature: float = 1.0,
-                     persona_override: Any = None, personas: Sequence[Any] | None = None, persona_set: str = "scenario",
-                     model: str = "persuadee:native", verbalized: tuple[float, float] | None = None, kind: str = "native",
-                     name: str | None = None):
-            super().__init__(params, decoding=decoding, temperature=temperature, persona_override=persona_override,
-                             name=name)
-            self.personas, self.persona_set, self.model_name = personas, persona_set, model
-            self.verbalized, self.kind = verbalized, kind
-
-        @property
-        def spec(self):
-            from simpop.simulators.spec import SimulatorSpec
-
-            decoding: dict[str, Any] = {"decoding": self.decoding, "temperature": float(self.temperature)}
-            if self.verbalized is not None:
-                decoding.update(floor=float(self.verbalized[0]), tau=float(self.verbalized[1]))
-            return SimulatorSpec(self.kind, self.model_name, self.persona_set, decoding)
-
-        def reset_batch(self, scenarios: list[Any], rngs: list[np.random.Generator]) -> None:
-            if self.personas is not None:  # play a persona of the set instead of the scenario's own
-                scenarios = [dataclasses.replace(s, persona=self.personas[int(r.integers(len(self.personas)))])
-                             for s, r in zip(scenarios, rngs, strict=True)]
-            super().reset_batch(scenarios, rngs)
-
-        def _reply(self, slot: int, act: str, commit: bool):
-            if self.verbalized is None:
-                return super()._reply(slot, act, commit)
-            from simpop.simulators.verbalized import renormalise
-
-            state = self.model.update(self.state(slot), act)
-            outcomes = self.model.distribution(state, act, self.temperature)
-            p = renormalise([q for _, q in outcomes], *self.verbalized)
-            outcome = outcomes[int(self._slots[slot].rng.choice(len(p), p=p))][0]
-            if commit:
-                self._slots[slot].state = state
-            return state, outcome
-
-    Configured.__name__ = Configured.__qualname__ = f"Configured{base.__name__}"
-    return Configured
-
-
-_CLASSES: dict[str, type] = {}
-
-
-def persuadee(level: str, **kwargs: Any):
-    """A native persuadee (act or text level) with the options of :func:`_configured`."""
-    if level not in _CLASSES:
-        from simpop.envs.persuasion.simulators import ActPersuadee, TextPersuadee
-
-        _CLASSES.update(act=_configured(ActPersuadee), text=_configured(TextPersuadee))
-    return _CLASSES[level](**kwargs)
-
-
-def heldout_personas(config: CollapseConfig) -> list[Any]:
-    """The panel's personas: fresh draws from the persona sampler, minus any training persona."""
-    from simpop.envs.persuasion.env import default_scenarios
-    from simpop.envs.persuasion.personas import PersonaSampler, modal_persona
-
-    seen = {s.persona for s in default_scenarios()} | {modal_persona()}
-    drawn = PersonaSampler().sample_many(config.heldout_personas, np.random.default_rng(config.heldout_seed))
-    return [p for p in drawn if p not in seen]
-
-
-def heldout_params(index: int, config: CollapseConfig, personas: Sequence[Any]):
-    """Held-out model ``index``: base parameters jittered (module docstring) and recalibrated."""
-    from simpop.envs.persuasion.model import PersuadeeParams, calibrate
-
-    base = PersuadeeParams()
-    rng = np.random.default_rng([config.heldout_seed, index])
-    jitter = {name: tuple(v * float(np.exp(rng.normal(0.0, PANEL_JITTER))) for v in getattr(base, name))
-              for name in ("act_effects", "modulation", "trait_weights")}
-    return calibrate(dataclasses.replace(base, **jitter), personas=personas)
-
-
-def build_panel(config: CollapseConfig):
-    """The held-out :class:`~simpop.simulators.population.Panel` (same for every condition and seed)."""
-    from simpop.simulators.population import Panel
-
-    personas = heldout_personas(config)
-    members = [persuadee(config.level, params=heldout_params(i, config, personas), decoding="sample", temperature=t,
-                         personas=personas, persona_set="p4g-heldout", model=f"persuadee:heldout-{i}",
-                         name=f"heldout-{i}-T{t:g}")
-               for i, t in enumerate(PANEL_TEMPERATURES)]
-    return Panel(members, name="p4g-heldout")
-
-
-# ================================================================================================ runs
-@dataclass
-class Run:
-    """One (condition, seed) training run, whatever the trainer.
-
-    Attributes:
-        step: Runs one update and returns its metrics.
-        state_dict, load_state_dict: Checkpointing of everything that trains.
-        policy: The policy being trained.
-        training_simulator: The simulator(s) it trains against (evaluated as "training success").
-        training_leaves: The concrete training simulators (for the panel's disjointness check).
-    """
-
-    step: Callable[[], dict[str, float]]
-    state_dict: Callable[[], dict[str, Any]]
-    load_state_dict: Callable[[dict[str, Any]], None]
-    policy: Any
-    training_simulator: Any
-    training_leaves: list[Any]
-
-
-def _grpo_config(config: CollapseConfig, seed: int):
-    from simpop.train.grpo import GRPOConfig
-
-    return GRPOConfig(group_size=config.group_size, scenarios_per_update=config.scenarios_per_update,
-                      lr=config.policy_lr, hidden_size=config.hidden_size, seed=seed, lora=config.level == "text",
-                      max_new_tokens=config.max_new_tokens, model=config.model, dtype=config.dtype)
-
-
-def _cotrain_config(config: CollapseConfig, condition: str):
-    from simpop.train.cotrain import CoTrainConfig
-
-    population = condition == "population"
-    return CoTrainConfig(target_success=config.target_success, sim_lr=config.sim_lr, sim_kl_coef=config.sim_kl_coef,
-                         population_size=config.population_size if population else 1,
-                         pool_size=config.pool_size if population else 0,
-                         pool_sample_prob=config.pool_sample_prob if population else 0.0,
-                         snapshot_every=config.snapshot_every)
-
-
-def _policy(config: CollapseConfig, seed: int, backends: dict[str, Any]):
-    grpo = _grpo_config(config, seed)
+# ============================================================================================ specs
+def simulator_specs(condition: str, config: CollapseConfig) -> dict[str, str]:
+    """Name -> spec of each training simulator of ``condition`` (the module docstring describes them)."""
+    k = config.population_size if condition == "population" else 1
     if config.level == "act":
-        from simpop.envs.registration import make
-        from simpop.train.grpo import ActPolicy
-
-        return ActPolicy.for_env(make(config.env_id, **config.env_kwargs()), config.hidden_size, seed)
-    from simpop.train.grpo import LLMPolicy
-
-    backend = _transformers(config.model, config, backends, key="policy")
-    return LLMPolicy(backend, grpo.sampling(), lora=True, adapter=f"policy{seed}")
-
-
-def _transformers(model: str, config: CollapseConfig, backends: dict[str, Any], key: str):
-    """An in-process model, one per role (policy / simulators), loaded once per process."""
-    if key not in backends:
-        from simpop.agents.transformers_backend import TransformersBackend
-
-        backends[key] = TransformersBackend(model, dtype=config.dtype, prefix_cache=True)
-    return backends[key]
+        return {
+            "frozen": {"frozen-modal-greedy": "persuadee?decoding=greedy&personas=modal"},
+            "verbalized": {"verbalized": f"verbalized:persuadee?temperature=1.0&floor={config.verbalized_floor!r}"
+                                         f"&tau={config.verbalized_tau!r}"},
+        }.get(condition) or {f"{condition}-{i}": "trainable:persuadee?temperature=1.0" for i in range(k)}
+    model, tokens = config.sim_model or config.model, config.max_new_tokens
+    return {
+        "frozen": {"frozen-modal-greedy": f"frozen:{model}?max_new_tokens={tokens}&personas=modal"},
+        "verbalized": {"verbalized": f"verbalized:{model}?k={config.verbalized_k}&tau={config.verbalized_tau!r}"
+                                     f"&floor={config.verbalized_floor!r}&max_new_tokens={max(64, 8 * tokens)}"
+                                     f"&fallback_max_new_tokens={tokens}"},
+    }.get(condition) or {f"{condition}-{i}": f"trainable:{model}?temperature=1.0&max_new_tokens={tokens}"
+                         for i in range(k)}
 
 
-def _frozen_and_verbalized(condition: str, config: CollapseConfig, backends: dict[str, Any]):
-    from simpop.envs.persuasion.personas import modal_persona
+def panel_specs(config: CollapseConfig) -> dict[str, str]:
+    """Name -> spec of each held-out panel member (the same for every condition and seed)."""
+    personas = f"heldout-{config.heldout_personas}-{config.heldout_seed}"
+    return {f"heldout-{i}-T{t:g}": f"persuadee:heldout-{i}?temperature={t!r}&personas={personas}"
+                                   f"&jitter={PANEL_JITTER!r}&model_seed={config.heldout_seed}"
+            for i, t in enumerate(PANEL_TEMPERATURES)}
 
-    if config.level == "act":
-        if condition == "frozen":
-            return persuadee("act", decoding="greedy", persona_override=modal_persona(), persona_set="p4g-modal",
-                             name="frozen-modal-greedy")
-        return persuadee("act", decoding="sample", temperature=1.0, persona_set="scenario", kind="verbalized",
-                         verbalized=(config.verbalized_floor, config.verbalized_tau), name="verbalized")
+
+def _backends(config: CollapseConfig) -> dict[str, Any]:
+    """Text level: the simulators' models loaded with the experiment's dtype and a prefix cache."""
+    model = config.sim_model or config.model
+    if config.level == "act" or model.startswith("openai:"):  # HTTP backends take no dtype
+        return {}
     from simpop.agents import load_backend
-    from simpop.agents.base import SamplingParams
+    from simpop.agents.transformers_backend import TransformersBackend
 
-    spec = config.sim_model or config.model
-    if spec not in backends:  # HTTP backends take no dtype
-        backends[spec] = (load_backend(spec) if spec.startswith("openai:")
-                          else load_backend(spec, dtype=config.dtype, prefix_cache=True))
-    backend = backends[spec]
-    if condition == "frozen":
-        from simpop.simulators.llm import LLMSimulator
-
-        return LLMSimulator(backend, SamplingParams(max_new_tokens=config.max_new_tokens), personas=[modal_persona()],
-                            persona_set="p4g-modal", name="frozen-modal-greedy")
-    from simpop.simulators.verbalized import VerbalizedSimulator
-
-    return VerbalizedSimulator(backend, k=config.verbalized_k, tau=config.verbalized_tau, floor=config.verbalized_floor,
-                               params=SamplingParams(max_new_tokens=max(64, 8 * config.max_new_tokens)),
-                               fallback_max_new_tokens=config.max_new_tokens, name="verbalized")
+    return {model: load_backend(model, dtype=config.dtype, prefix_cache=True),
+            f"trainable:{model}": TransformersBackend(model, dtype=config.dtype, prefix_cache=True)}
 
 
-def _trainable(config: CollapseConfig, condition: str, index: int, seed: int, backends: dict[str, Any]):
-    name = f"{condition}-{index}"
-    if config.level == "act":
-        from simpop.simulators.trainable import TrainableActPersuadee
+def build_trainer(condition: str, config: CollapseConfig, seed: int, env: Any):
+    """The trainer of one condition and seed: GRPO against the condition's simulator, or co-training."""
+    from simpop.agents.policy import ModelConfig, build_policy
+    from simpop.simulators.registry import build_many
+    from simpop.train.cotrain import CoTrainConfig, CoTrainer
+    from simpop.train.grpo import GRPOConfig, GRPOTrainer
 
-        return TrainableActPersuadee(temperature=1.0, name=name)
-    from simpop.agents.base import SamplingParams
-    from simpop.simulators.trainable import TrainableLLMSimulator
-
-    backend = _transformers(config.sim_model or config.model, config, backends, key="simulators")
-    return TrainableLLMSimulator(backend, adapter=f"{condition}{index}s{seed}",
-                                 params=SamplingParams(max_new_tokens=config.max_new_tokens, temperature=1.0),
-                                 name=name)
-
-
-def build_run(condition: str, config: CollapseConfig, seed: int, backends: dict[str, Any]) -> Run:
-    """The trainer of one condition and seed (see the module docstring for each simulator)."""
-    from simpop.simulators.population import leaf_simulators
-
-    policy = _policy(config, seed, backends)
+    grpo = GRPOConfig(group_size=config.group_size, scenarios_per_update=config.scenarios_per_update,
+                      lr=config.policy_lr, seed=seed, max_new_tokens=config.max_new_tokens)
+    model = ModelConfig(model=config.model, dtype=config.dtype, lora=config.level == "text",
+                        adapter=f"policy{seed}", hidden_size=config.hidden_size)
+    policy = build_policy(env, model, grpo.sampling(), seed)
+    simulators = build_many(simulator_specs(condition, config), env, _backends(config))
     if condition in ("frozen", "verbalized"):
-        from simpop.train.grpo import GRPOTrainer
+        return GRPOTrainer(config.env_id, policy, simulators[0], grpo, env_kwargs=config.env_kwargs())
+    population = condition == "population"
+    cotrain = CoTrainConfig(target_success=config.target_success, sim_lr=config.sim_lr, sim_kl_coef=config.sim_kl_coef,
+                            population_size=len(simulators), pool_size=config.pool_size if population else 0,
+                            pool_sample_prob=config.pool_sample_prob if population else 0.0,
+                            snapshot_every=config.snapshot_every)
+    return CoTrainer(GRPOTrainer(config.env_id, policy, None, grpo, env_kwargs=config.env_kwargs()), simulators,
+                     cotrain)
 
-        simulator = _frozen_and_verbalized(condition, config, backends)
-        trainer = GRPOTrainer(config.env_id, policy, simulator, _grpo_config(config, seed), env_kwargs=config.env_kwargs())
-        return Run(lambda: trainer.update(trainer.collect()), trainer.state_dict, trainer.load_state_dict, policy,
-                   simulator, [simulator])
-    from simpop.train.cotrain import CoTrainer
 
-    cot = _cotrain_config(config, condition)
-    sims = [_trainable(config, condition, i, seed, backends) for i in range(cot.population_size)]
-    co = CoTrainer(config.env_id, policy, sims, _grpo_config(config, seed), cot, env_kwargs=config.env_kwargs())
-    return Run(co.step, co.state_dict, co.load_state_dict, policy, co.simulator,
-               leaf_simulators([co.simulator]))
+def build_panel(config: CollapseConfig, env: Any):
+    """The held-out :class:`~simpop.simulators.population.Panel` (same for every condition and seed)."""
+    from simpop.simulators.registry import load_panel
+
+    return load_panel({"name": "p4g-heldout", "members": panel_specs(config)}, env)
 
 
 def run_one(config: CollapseConfig, condition: str, seed: int, out: Path, resume: bool,
             report: Callable[[str, int, int, dict[str, float]], None] | None = None) -> Path:
-    """Train and evaluate one (condition, seed); returns its run folder (``metrics.jsonl`` + checkpoints).
+    """Train and evaluate one (condition, seed) with :func:`simpop.train.loop.run`; returns its run folder.
 
     With ``resume``, continue from the run's newest checkpoint (a finished run is left as it is).
     """
     import torch
 
+    from simpop.envs.registration import make
+    from simpop.evaluation.panel import evaluate
     from simpop.train import checkpoint
+    from simpop.train.loop import LoopConfig, run
 
     run_dir = out / "runs" / condition / f"seed{seed}"
     saved = checkpoint.latest(run_dir) if resume else None
@@ -422,58 +277,30 @@ def run_one(config: CollapseConfig, condition: str, seed: int, out: Path, resume
         return run_dir
     threads = torch.get_num_threads()
     # Act level: tiny matrices, where extra threads only spin (and crawl on a busy machine).
-    wanted = config.threads or (1 if config.level == "act" else threads)
-    torch.set_num_threads(wanted)
+    torch.set_num_threads(config.threads or (1 if config.level == "act" else threads))
     try:
-        _train_and_evaluate(config, condition, seed, run_dir, saved, report)
+        torch.manual_seed(seed)
+        env = make(config.env_id, **config.env_kwargs())
+        trainer = build_trainer(condition, config, seed, env)
+        panel = build_panel(config, env)
+        panel.check_disjoint([trainer.training_simulator])
+        eval_seed = 1_000_003 + seed  # the same dialogues at every evaluation, for every condition
+
+        def evaluation(step: int) -> dict[str, Any]:
+            held = evaluate(config.env_id, trainer.policy, panel, config.eval_episodes, eval_seed, config.env_kwargs())
+            train = evaluate(config.env_id, trainer.policy, trainer.training_simulator, config.eval_episodes,
+                             eval_seed, config.env_kwargs())
+            return {"heldout_success": held.success, "train_success": train.success,
+                    "collapse_gap": train.success - held.success, "policy_entropy": held.entropy,
+                    **{f"heldout/{k}": v for k, v in held.per_member.items()}}
+
+        loop = LoopConfig(save_every=config.eval_every, keep_checkpoints=2, eval_every=config.eval_every,
+                          tensorboard=False)
+        run(trainer, config.updates, run_dir, config=loop, resume=resume, evaluate=evaluation,
+            report=(lambda step, record: report(condition, seed, step, record)) if report is not None else None)
     finally:
         torch.set_num_threads(threads)
     return run_dir
-
-
-def _train_and_evaluate(config: CollapseConfig, condition: str, seed: int, run_dir: Path, saved: Path | None,
-                        report: Callable[[str, int, int, dict[str, float]], None] | None) -> None:
-    import torch
-
-    from simpop.evaluation.metrics import MetricsLogger
-    from simpop.evaluation.panel import evaluate
-    from simpop.train import checkpoint
-
-    start = 0
-    torch.manual_seed(seed)
-    backends: dict[str, Any] = {}
-    run = build_run(condition, config, seed, backends)
-    panel = build_panel(config)
-    panel.check_disjoint(run.training_leaves)
-    if saved is not None:
-        start, state = checkpoint.load(saved)
-        run.load_state_dict(state)
-    logger = MetricsLogger(run_dir, resume_step=start if saved is not None else None, tensorboard=False)
-    eval_seed = 1_000_003 + seed  # the same dialogues at every evaluation, for every condition
-
-    def evaluation(step: int) -> None:
-        held = evaluate(config.env_id, run.policy, panel, config.eval_episodes, eval_seed, config.env_kwargs())
-        train = evaluate(config.env_id, run.policy, run.training_simulator, config.eval_episodes, eval_seed,
-                         config.env_kwargs())
-        record = {"kind": "eval", "heldout_success": held.success, "train_success": train.success,
-                  "collapse_gap": train.success - held.success, "policy_entropy": held.entropy,
-                  **{f"heldout/{k}": v for k, v in held.per_member.items()}}
-        logger.log(step, record)
-        if report is not None:
-            report(condition, seed, step, record)
-
-    if saved is None:
-        evaluation(0)
-        checkpoint.save(run_dir, 0, run.state_dict(), keep=2)
-    for step in range(start + 1, config.updates + 1):
-        metrics = run.step()
-        logger.log(step, {"kind": "train", **metrics})
-        if report is not None:
-            report(condition, seed, step, {"kind": "train", **metrics})
-        if step in config.eval_steps:
-            evaluation(step)
-            checkpoint.save(run_dir, step, run.state_dict(), keep=2)
-    logger.close()
 
 
 # ============================================================================================ summary

@@ -28,13 +28,42 @@ import numpy as np
 
 from simpop.agents.base import Backend, Chat, SamplingParams
 from simpop.envs.dialogue import parse_observation
-from simpop.simulators.base import Simulator
-from simpop.simulators.spec import SCENARIO_PERSONAS, SimulatorSpec
+from simpop.seat import SCENARIO_PERSONAS, BuildContext, Simulator, SimulatorSpec, TextFormat
 
 logger = logging.getLogger(__name__)
 
 #: Sent instead of an empty reply: it keeps the dialogue going without deciding anything.
 FALLBACK_REPLY = "Sorry, could you say that again?"
+
+
+class DialogueFormat:
+    """The default :class:`~simpop.seat.TextFormat`: the scenario's user instructions + the dialogue."""
+
+    counters: tuple[str, ...] = ()
+
+    def chat(self, observation: str, scenario: Any, instructions_suffix: str = "") -> Chat:
+        view = parse_observation(observation)
+        chat: Chat = [{"role": "system", "content": scenario.user_instructions() + instructions_suffix}]
+        chat += [{"role": m["role"], "content": m["content"]} for m in view["messages"]]
+        if view.get("error"):
+            # The env rejected our last message; say why so that the model can repair it.
+            chat.append({"role": "user", "content": f"(Your last message was not accepted: {view['error']} "
+                                                    f"Please answer again.)"})
+        return chat
+
+    def to_action(self, text: str, stats: dict[str, int]) -> str:
+        return text
+
+
+def sampling(spec: SimulatorSpec) -> SamplingParams:
+    """The sampling settings a spec's decoding names (temperature, top_p, max_new_tokens)."""
+    d = dict(spec.decoding)
+    return SamplingParams(max_new_tokens=d["max_new_tokens"], temperature=d["temperature"], top_p=d["top_p"])
+
+
+def env_format(context: BuildContext) -> TextFormat | None:
+    """The env's own :class:`~simpop.seat.TextFormat` (``env.text_format``), or None for the default."""
+    return getattr(context.env, "text_format", None)
 
 
 class LLMSimulator(Simulator):
@@ -49,6 +78,8 @@ class LLMSimulator(Simulator):
             instead of the scenario's own; the scenario must be a dataclass with a ``persona`` field.
         persona_set: The name of ``personas`` (part of :attr:`spec`; panels compare it).
         fallback_reply: Sent instead of an empty reply.
+        text_format: How observations become chats and replies become actions (default
+            :class:`DialogueFormat`; envs with their own expose ``env.text_format``).
 
     Attributes:
         stats: ``backend_calls``, ``replies``, ``empty_replies`` since construction.
@@ -58,7 +89,7 @@ class LLMSimulator(Simulator):
 
     def __init__(self, backend: Backend, params: SamplingParams | None = None, *, name: str | None = None,
                  personas: Sequence[Any] | None = None, persona_set: str | None = None,
-                 fallback_reply: str = FALLBACK_REPLY):
+                 fallback_reply: str = FALLBACK_REPLY, text_format: TextFormat | None = None):
         if personas is not None and not personas:
             raise ValueError("personas is empty; pass None to play the scenario's own persona")
         if personas is not None and (persona_set is None or persona_set == SCENARIO_PERSONAS):
@@ -71,16 +102,18 @@ class LLMSimulator(Simulator):
         self.personas = list(personas) if personas is not None else None
         self.persona_set = persona_set or SCENARIO_PERSONAS
         self.fallback_reply = fallback_reply
-        self.stats: dict[str, int] = {"backend_calls": 0, "replies": 0, "empty_replies": 0}
+        self.text_format = text_format or DialogueFormat()
+        self.stats: dict[str, int] = {"backend_calls": 0, "replies": 0, "empty_replies": 0,
+                                      **{name: 0 for name in self.text_format.counters}}
         self._scenarios: list[Any] = []
         self._rngs: list[np.random.Generator] = []
 
     @classmethod
-    def from_spec(cls, spec: SimulatorSpec, backend: Backend, personas: list[Any] | None) -> LLMSimulator:
-        """Build from a parsed spec (see :func:`simpop.simulators.spec.build_simulator`)."""
-        d = dict(spec.decoding)
-        params = SamplingParams(max_new_tokens=d["max_new_tokens"], temperature=d["temperature"], top_p=d["top_p"])
-        return cls(backend, params, personas=personas, persona_set=spec.personas)
+    def from_spec(cls, spec: SimulatorSpec, context: BuildContext) -> LLMSimulator:
+        """Build from a parsed spec (see :func:`simpop.simulators.registry.build_simulator`)."""
+        personas = context.personas(spec.personas)
+        return cls(context.backend(spec.model), sampling(spec), personas=personas, persona_set=spec.personas,
+                   text_format=env_format(context))
 
     @property
     def spec(self) -> SimulatorSpec:
@@ -118,21 +151,14 @@ class LLMSimulator(Simulator):
 
     def act_batch(self, observations: list[Any], slots: list[int]) -> list[str]:
         chats = [self.chat(obs, slot) for obs, slot in zip(observations, slots)]
-        return self.generate(chats, slots, self.params)
+        return [self.text_format.to_action(text, self.stats) for text in self.generate(chats, slots, self.params)]
 
     # ----------------------------------------------------------------- helpers for subclasses
     def chat(self, observation: str, slot: int, instructions_suffix: str = "") -> Chat:
-        """System prompt (the scenario's user instructions + ``instructions_suffix``) + the dialogue."""
+        """The chat for ``slot``'s observation (:attr:`text_format`; ``instructions_suffix`` ends the brief)."""
         if not 0 <= slot < len(self._scenarios):
             raise IndexError(f"slot {slot} was not started: reset_batch() started {len(self._scenarios)} slots")
-        view = parse_observation(observation)
-        chat: Chat = [{"role": "system", "content": self._scenarios[slot].user_instructions() + instructions_suffix}]
-        chat += [{"role": m["role"], "content": m["content"]} for m in view["messages"]]
-        if view.get("error"):
-            # The env rejected our last message; say why so that the model can repair it.
-            chat.append({"role": "user", "content": f"(Your last message was not accepted: {view['error']} "
-                                                    f"Please answer again.)"})
-        return chat
+        return self.text_format.chat(observation, self._scenarios[slot], instructions_suffix)
 
     def call_seed(self, slots: list[int]) -> int:
         """A seed for one backend call, drawn from the generators of the slots it serves."""

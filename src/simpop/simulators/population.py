@@ -20,8 +20,8 @@ from typing import Any, Protocol, runtime_checkable
 
 import numpy as np
 
-from simpop.simulators.base import Simulator
-from simpop.simulators.spec import SimulatorSpec
+from simpop.seat import Simulator
+from simpop.seat import SimulatorSpec
 
 RULES = ("uniform", "weighted", "prioritised")
 

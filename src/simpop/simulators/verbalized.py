@@ -28,8 +28,9 @@ from typing import Any
 import numpy as np
 
 from simpop.agents.base import Backend, SamplingParams
-from simpop.simulators.llm import FALLBACK_REPLY, LLMSimulator
-from simpop.simulators.spec import SimulatorSpec
+from simpop.seat import BuildContext, DistributionalSimulator, Simulator, SimulatorSpec
+from simpop.simulators.llm import FALLBACK_REPLY, LLMSimulator, env_format, sampling
+from simpop.simulators.registry import inner_or_none
 
 logger = logging.getLogger(__name__)
 
@@ -293,7 +294,7 @@ class VerbalizedSimulator(LLMSimulator):
             diversity comes from sampling among the stated candidates).
         fallback_temperature: Temperature of the plain sampling used when the answer is unusable.
         fallback_max_new_tokens: Token budget of a fallback reply.
-        name, personas, persona_set, fallback_reply: As for :class:`LLMSimulator`.
+        name, personas, persona_set, fallback_reply, text_format: As for :class:`LLMSimulator`.
 
     Attributes:
         stats: ``calls`` (verbalized answers requested), ``fallbacks``, ``repair:<name>`` (summed
@@ -306,12 +307,12 @@ class VerbalizedSimulator(LLMSimulator):
                  params: SamplingParams | None = None, *, fallback_temperature: float = 1.0,
                  fallback_max_new_tokens: int = 64, name: str | None = None,
                  personas: Sequence[Any] | None = None, persona_set: str | None = None,
-                 fallback_reply: str = FALLBACK_REPLY):
+                 fallback_reply: str = FALLBACK_REPLY, text_format: Any = None):
         if k < 1:
             raise ValueError(f"k must be >= 1, got {k}")
         renormalise([1.0], floor, tau)  # validates floor and tau with their own messages
         super().__init__(backend, params or SamplingParams(max_new_tokens=256), name=name, personas=personas,
-                         persona_set=persona_set, fallback_reply=fallback_reply)
+                         persona_set=persona_set, fallback_reply=fallback_reply, text_format=text_format)
         self.k, self.tau, self.floor = k, tau, floor
         self.fallback_params = SamplingParams(max_new_tokens=fallback_max_new_tokens,
                                               temperature=fallback_temperature)
@@ -319,11 +320,12 @@ class VerbalizedSimulator(LLMSimulator):
         self.stats.update({"calls": 0, "fallbacks": 0})
 
     @classmethod
-    def from_spec(cls, spec: SimulatorSpec, backend: Backend, personas: list[Any] | None) -> VerbalizedSimulator:
+    def from_spec(cls, spec: SimulatorSpec, context: BuildContext) -> VerbalizedSimulator:
+        """Build from a parsed ``verbalized:MODEL`` spec."""
         d, e = dict(spec.decoding), dict(spec.extra)
-        params = SamplingParams(max_new_tokens=d["max_new_tokens"], temperature=d["temperature"], top_p=d["top_p"])
-        return cls(backend, d["k"], d["tau"], d["floor"], params, fallback_temperature=e["fallback_temperature"],
-                   fallback_max_new_tokens=e["fallback_max_new_tokens"], personas=personas, persona_set=spec.personas)
+        return cls(context.backend(spec.model), d["k"], d["tau"], d["floor"], sampling(spec),
+                   fallback_temperature=e["fallback_temperature"], fallback_max_new_tokens=e["fallback_max_new_tokens"],
+                   personas=context.personas(spec.personas), persona_set=spec.personas, text_format=env_format(context))
 
     @property
     def spec(self) -> SimulatorSpec:
@@ -364,7 +366,7 @@ class VerbalizedSimulator(LLMSimulator):
         for i, text in zip(failed, self.generate(plain, [slots[i] for i in failed], self.fallback_params)):
             replies[i] = text
         self.stats["replies"] += len(slots) - len(failed)
-        return [r for r in replies if r is not None]
+        return [self.text_format.to_action(r, self.stats) for r in replies if r is not None]
 
     def distribution(self, observation: Any, slot: int = 0) -> list[tuple[str, float]]:
         """The renormalised candidates for ``slot``'s observation.
@@ -381,3 +383,64 @@ class VerbalizedSimulator(LLMSimulator):
         for s in samples:
             counts[s] = counts.get(s, 0) + 1
         return [(text, n / len(samples)) for text, n in counts.items()]
+
+
+class Renormalised(Simulator):
+    """Verbalized sampling over a simulator that states its own distribution (no text to parse).
+
+    Each reply is drawn from ``renormalise(p, floor, tau)`` of the inner simulator's
+    :meth:`~simpop.seat.DistributionalSimulator.distribution`, with the slot's own generator; the inner
+    simulator then :meth:`~simpop.seat.DistributionalSimulator.commit`\ s the chosen reply.
+
+    Args:
+        inner: The simulator whose distribution is renormalised.
+        floor: Probability floor (see :func:`renormalise`).
+        tau: Renormalisation temperature.
+        name: Name in logs and populations.
+    """
+
+    def __init__(self, inner: Simulator, floor: float = 0.01, tau: float = 1.0, name: str | None = None):
+        if not isinstance(inner, DistributionalSimulator):
+            raise TypeError(f"{type(inner).__name__} does not state its distribution (distribution/commit/slot_rng); "
+                            f"verbalized sampling of an LLM is verbalized:MODEL")
+        renormalise([1.0], floor, tau)  # validates floor and tau with their own messages
+        self.inner, self.floor, self.tau = inner, floor, tau
+        self.name = name or f"verbalized-{inner.name}"
+
+    @property
+    def spec(self) -> SimulatorSpec:
+        inner = self.inner.spec
+        return SimulatorSpec("verbalized", f"{inner.kind}:{inner.model}", inner.personas,
+                             {**dict(inner.decoding), "floor": float(self.floor), "tau": float(self.tau)}, inner.extra)
+
+    def reset_batch(self, scenarios: list[Any], rngs: list[np.random.Generator]) -> None:
+        self.inner.reset_batch(scenarios, rngs)
+
+    def act_batch(self, observations: list[Any], slots: list[int]) -> list[Any]:
+        actions = []
+        for observation, slot in zip(observations, slots, strict=True):
+            options = self.inner.distribution(observation, slot)
+            p = renormalise([q for _, q in options], self.floor, self.tau)
+            action = options[int(self.inner.slot_rng(slot).choice(len(p), p=p))][0]
+            self.inner.commit(observation, slot, action)
+            actions.append(action)
+        return actions
+
+    def distribution(self, observation: Any, slot: int = 0) -> list[tuple[Any, float]]:
+        options = self.inner.distribution(observation, slot)
+        return list(zip([a for a, _ in options], renormalise([q for _, q in options], self.floor, self.tau)))
+
+    def commit(self, observation: Any, slot: int, action: Any) -> None:
+        self.inner.commit(observation, slot, action)
+
+    def slot_rng(self, slot: int) -> np.random.Generator:
+        return self.inner.slot_rng(slot)
+
+
+def from_spec(spec: SimulatorSpec, context: BuildContext) -> Simulator:
+    """The ``verbalized`` kind: :class:`VerbalizedSimulator` for a model, :class:`Renormalised` for a kind."""
+    inner = inner_or_none(spec)
+    if inner is None:
+        return VerbalizedSimulator.from_spec(spec, context)
+    d = dict(spec.decoding)
+    return Renormalised(context.build(inner), floor=d["floor"], tau=d["tau"])

@@ -1,69 +1,242 @@
-"""``simpop train``: train a policy (GRPO, co-training, PPO; a new trainer adds its subcommand to :data:`TRAINERS`).
+"""``simpop train TRAINER``: one entry that builds any trainer from its config classes and runs the loop.
 
 ::
 
     simpop train grpo --env simpop/PersuasionAct-v0 --simulator native --updates 50 --out runs/grpo
+    simpop train grpo --env simpop/PersuasionAct-v0 --algorithm dapo --updates 50 --out runs/dapo
     simpop train grpo --env simpop/Persuasion-v0 --simulator frozen:smollm2 --updates 3 --out runs/text \\
-        --env-arg max_turns=3 --max-new-tokens 24 --group-size 2 --scenarios-per-update 2
-    simpop train grpo ... --config grpo.yaml --lr 3e-5      # YAML values, overridden by flags
+        --env-arg max_turns=3 --max-new-tokens 24 --group-size 2 --scenarios-per-update 2 --lora
+    simpop train grpo ... --config run.yaml --lr 3e-5      # YAML values, overridden by flags
     simpop train grpo ... --out runs/grpo --resume          # continue a killed run to --updates
-    simpop train cotrain --env simpop/PersuasionAct-v0 --updates 50 --out runs/cotrain --sim-lr 0.05
+    simpop train grpo ... --panel panel.yaml --eval-every 10   # held-out panel success in metrics.jsonl
+    simpop train cotrain --env simpop/PersuasionAct-v0 --simulator trainable:persuadee --updates 50 --out runs/co
     simpop train cotrain --env simpop/PersuasionAct-v0 --updates 50 --out runs/population \\
         --population-size 3 --pool-size 6 --pool-sample-prob 0.25 --snapshot-every 5
-    simpop train cotrain --env simpop/Persuasion-v0 --simulator "frozen:smollm2?temperature=1.0" --lora \\
+    simpop train cotrain --env simpop/Persuasion-v0 --simulator "trainable:smollm2?temperature=1.0" --lora \\
         --updates 3 --out runs/cotrain-text --env-arg max_turns=2 --max-new-tokens 16
-    simpop train cotrain ... --config grpo.yaml --cotrain-config cotrain.yaml   # the two configs' YAML files
     simpop train ppo --env simpop/PersuasionAct-v0 --updates 100 --out runs/ppo --n-envs 8 --n-steps 64
 
-Every field of the trainer's config dataclass is a flag (``--help`` lists them with their defaults
-and documentation). The run folder gets ``config.yaml`` (the resolved config, reusable with
-``--config``), ``run.json`` (env, simulator, env arguments), ``metrics.jsonl``, TensorBoard events
-under ``tb/`` and checkpoints under ``checkpoints/``. ``cotrain`` has two configs: the policy's
-:class:`~simpop.train.grpo.GRPOConfig` (``--config``, ``config.yaml``) and the simulators'
-:class:`~simpop.train.cotrain.CoTrainConfig` (``--cotrain-config``, ``cotrain.yaml``); their field
-names are disjoint, so both sets of flags are plain ``--field-name``. ``--resume`` works for every trainer.
+A trainer is one entry of :data:`TRAINERS`: its config classes (every field of each is a ``--flag``;
+names are disjoint within a trainer, argparse refuses a clash) and a ``build`` function. The run folder
+gets ``config.yaml`` (every config, by section; reusable with ``--config``, which also takes a flat
+mapping), ``run.json`` (trainer, env, simulator, env arguments, panel), ``metrics.jsonl``, TensorBoard
+events under ``tb/`` and checkpoints under ``checkpoints/`` (:func:`simpop.train.loop.run`).
 """
 
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import json
 import sys
 from collections.abc import Callable
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-#: trainer name -> (configure(parser), run(args) -> int, one-line help).
-TRAINERS: dict[str, tuple[Callable[[argparse.ArgumentParser], None], Callable[[argparse.Namespace], int], str]] = {}
+#: What a trainer's build function gets: env id, env, simulator spec, {section: config}, env arguments.
+Build = Callable[[str, Any, str, dict[str, Any], dict[str, Any]], Any]
+
+
+@dataclass(frozen=True)
+class TrainerEntry:
+    """One ``simpop train`` subcommand.
+
+    Attributes:
+        help: One line for ``--help``.
+        configs: Section name -> ``"module:Class"`` of a config dataclass; each field becomes a flag.
+        build: ``"module:function"`` building the :class:`~simpop.train.loop.Trainer` (see :data:`Build`).
+        default_simulator: ``--simulator`` when none is given.
+        summary: Metrics printed after the run.
+    """
+
+    help: str
+    configs: dict[str, str]
+    build: str
+    default_simulator: str = "native"
+    summary: tuple[str, ...] = ("reward_mean", "success", "policy_entropy", "zero_var_frac")
+
+
+_MODEL, _LOOP = "simpop.agents.policy:ModelConfig", "simpop.train.loop:LoopConfig"
+
+#: trainer name -> entry. A new trainer (or variant with its own config) adds one entry here.
+TRAINERS: dict[str, TrainerEntry] = {
+    "grpo": TrainerEntry("multi-turn GRPO (or Dr. GRPO, DAPO, REINFORCE++: --algorithm) on the policy seat",
+                         {"grpo": "simpop.train.grpo:GRPOConfig", "model": _MODEL, "loop": _LOOP},
+                         "simpop.train.cli:build_grpo", summary=("reward_mean", "success", "policy_entropy",
+                                                                 "zero_var_frac", "kl", "loss")),
+    "cotrain": TrainerEntry("co-training of the policy with trainable simulators (trainable:KIND or trainable:MODEL)",
+                            {"grpo": "simpop.train.grpo:GRPOConfig", "cotrain": "simpop.train.cotrain:CoTrainConfig",
+                             "model": _MODEL, "loop": _LOOP},
+                            "simpop.train.cli:build_cotrain", default_simulator="trainable:persuadee",
+                            summary=("reward_mean", "success", "policy_entropy", "sim_success", "sim_kl", "sim_loss")),
+    "ppo": TrainerEntry("PPO on the policy seat of an act-level env", {"ppo": "simpop.train.ppo:PPOConfig",
+                                                                       "loop": _LOOP},
+                        "simpop.train.cli:build_ppo",
+                        summary=("episode_return", "entropy", "policy_loss", "value_loss", "clip_frac")),
+}
+
+
+def _load(entry_point: str) -> Any:
+    from simpop.envs.registration import load
+
+    return load(entry_point)
 
 
 def configure(parser: argparse.ArgumentParser) -> None:
+    from simpop.train.config import add_arguments
+
     sub = parser.add_subparsers(dest="trainer", required=True, metavar="TRAINER")
-    for name, (configure_trainer, _, help_text) in TRAINERS.items():
-        configure_trainer(sub.add_parser(name, help=help_text, description=help_text))
+    for name, entry in TRAINERS.items():
+        p = sub.add_parser(name, help=entry.help, description=entry.help)
+        run = p.add_argument_group("run")
+        run.add_argument("--env", required=True, help="registered env id (see `simpop envs`)")
+        run.add_argument("--simulator", action="append", default=None, metavar="SPEC",
+                         help=f"user-seat simulator spec (default {entry.default_simulator}); repeat it for a uniform "
+                              "population (cotrain: one trainable spec, built population-size times); see simpop.seat")
+        run.add_argument("--panel", type=Path, help="YAML panel of held-out simulators to evaluate on every "
+                                                    "--eval-every updates (see simpop.simulators.registry)")
+        run.add_argument("--eval-episodes", type=int, default=32, help="dialogues per panel member and evaluation")
+        run.add_argument("--updates", type=int, required=True, help="total number of updates of the run")
+        run.add_argument("--out", type=Path, required=True, help="run folder (metrics, checkpoints, config)")
+        run.add_argument("--config", type=Path, help="YAML file of config fields, by section or flat (flags win)")
+        run.add_argument("--resume", action="store_true", help="continue the run in --out from its last checkpoint")
+        run.add_argument("--env-arg", action="append", default=[], metavar="KEY=VALUE",
+                         help="env constructor argument (YAML value), repeatable, e.g. --env-arg max_turns=4")
+        run.add_argument("--threads", type=int, help="torch CPU threads (default: torch's choice; on a busy CPU, 1 "
+                                                     "can be many times faster)")
+        run.add_argument("--no-progress", action="store_true", help="hide the progress bar")
+        for cls in entry.configs.values():
+            add_arguments(p, _load(cls))
 
 
 def run(args: argparse.Namespace) -> int:
-    return TRAINERS[args.trainer][1](args)
+    entry = TRAINERS[args.trainer]
+    if args.threads is not None:
+        import torch
+
+        torch.set_num_threads(args.threads)
+    try:  # setup errors are the user's to fix: say what, without a traceback
+        import simpop
+
+        configs = build_configs(entry, args)
+        kwargs = env_kwargs(args.env_arg)
+        env = simpop.make(args.env, **kwargs)
+        simulator = args.simulator or [entry.default_simulator]
+        spec: Any = simulator[0] if len(simulator) == 1 else simulator
+        trainer = _load(entry.build)(args.env, env, spec, configs, kwargs)
+        evaluate = panel_evaluation(args, env, trainer, kwargs) if args.panel else None
+        prepare_run_dir(args.out, args.resume, configs, {"trainer": args.trainer, "env": args.env, "simulator": spec,
+                                                         "env_kwargs": kwargs, "panel": str(args.panel or "")})
+    except (ValueError, KeyError, TypeError, FileNotFoundError) as error:
+        print(f"simpop train {args.trainer}: error: {error}", file=sys.stderr)
+        return 2
+    from simpop.train.loop import run as run_loop
+
+    history = run_loop(trainer, args.updates, args.out, config=configs["loop"], resume=args.resume,
+                       evaluate=evaluate, progress=not args.no_progress, desc=args.trainer)
+    if not history:
+        print(f"{args.out}: already at update {trainer.update_count} of {args.updates}; nothing to do")
+    else:
+        last = history[-1]
+        print(f"{args.out}: update {trainer.update_count}/{args.updates}  "
+              + "  ".join(f"{k}={last[k]:.4g}" for k in entry.summary if k in last))
+    return 0
 
 
-# ------------------------------------------------------------------------ shared by every trainer
-def add_run_arguments(parser: argparse.ArgumentParser) -> None:
-    """The flags every training run has besides its config: env, simulator, budget, output."""
-    run = parser.add_argument_group("run")
-    run.add_argument("--env", required=True, help="registered env id (see `simpop envs`)")
-    run.add_argument("--simulator", default="native",
-                     help="user-seat simulator spec, e.g. native (the env's own; the default), frozen:smollm2, "
-                          "verbalized:smollm2?k=5 (see simpop.simulators.spec)")
-    run.add_argument("--updates", type=int, required=True, help="total number of updates of the run")
-    run.add_argument("--out", type=Path, required=True, help="run folder (metrics, checkpoints, config)")
-    run.add_argument("--config", type=Path, help="YAML file of config fields (flags given here win)")
-    run.add_argument("--resume", action="store_true", help="continue the run in --out from its last checkpoint")
-    run.add_argument("--env-arg", action="append", default=[], metavar="KEY=VALUE",
-                     help="env constructor argument (YAML value), repeatable, e.g. --env-arg max_turns=4")
-    run.add_argument("--threads", type=int, help="torch CPU threads (default: torch's choice; on a busy CPU, 1 "
-                                                 "can be many times faster)")
-    run.add_argument("--no-progress", action="store_true", help="hide the progress bar")
+# ------------------------------------------------------------------------------------------ builders
+def build_grpo(env_id: str, env: Any, spec: Any, configs: dict[str, Any], kwargs: dict[str, Any]):
+    from simpop.agents.policy import build_policy
+    from simpop.simulators.registry import build_simulator
+    from simpop.train.grpo import GRPOTrainer
+
+    grpo = configs["grpo"]
+    policy = build_policy(env, configs["model"], grpo.sampling(), grpo.seed)
+    return GRPOTrainer(env_id, policy, build_simulator(spec, env), grpo, env_kwargs=kwargs)
+
+
+def build_cotrain(env_id: str, env: Any, spec: Any, configs: dict[str, Any], kwargs: dict[str, Any]):
+    from simpop.seat import Trainable
+    from simpop.simulators.registry import build_simulator
+    from simpop.train.cotrain import CoTrainer
+
+    if not isinstance(spec, str):
+        raise ValueError("cotrain takes one --simulator spec (its population is population-size copies of it)")
+    backends: dict[str, Any] = {}
+    simulators = [build_simulator(spec, env, backends, name=f"cotrain-{i}")
+                  for i in range(configs["cotrain"].population_size)]
+    if not all(isinstance(s, Trainable) for s in simulators):
+        raise ValueError(f"--simulator {spec} is not trainable; co-training needs trainable:KIND (e.g. "
+                         f"trainable:persuadee on simpop/PersuasionAct-v0) or trainable:MODEL?temperature=1.0 "
+                         f"(a LoRA adapter per simulator) on text envs")
+    from simpop.agents.policy import build_policy
+    from simpop.train.grpo import GRPOTrainer
+
+    grpo = configs["grpo"]
+    policy = build_policy(env, configs["model"], grpo.sampling(), grpo.seed)
+    return CoTrainer(GRPOTrainer(env_id, policy, None, grpo, env_kwargs=kwargs), simulators, configs["cotrain"])
+
+
+def build_ppo(env_id: str, env: Any, spec: Any, configs: dict[str, Any], kwargs: dict[str, Any]):
+    from simpop.simulators.registry import build_simulator
+    from simpop.train.ppo import PPOTrainer
+
+    # Each env copy gets its own simulator: copies step independently.
+    return PPOTrainer(env_id, lambda: build_simulator(spec, env), configs["ppo"], env_kwargs=kwargs)
+
+
+def panel_evaluation(args: argparse.Namespace, env: Any, trainer: Any, kwargs: dict[str, Any]):
+    """``evaluate(step)``: success on the ``--panel`` members and on the training simulator, policy entropy."""
+    from simpop.evaluation.panel import evaluate
+    from simpop.simulators.registry import load_panel
+
+    panel = load_panel(args.panel, env)
+    if trainer.training_simulator is not None:
+        panel.check_disjoint([trainer.training_simulator])
+
+    def evaluation(step: int) -> dict[str, Any]:
+        held = evaluate(args.env, trainer.policy, panel, args.eval_episodes, seed=1_000_003, env_kwargs=kwargs)
+        train = evaluate(args.env, trainer.policy, trainer.training_simulator, args.eval_episodes, seed=1_000_003,
+                         env_kwargs=kwargs)
+        return {"heldout_success": held.success, "train_success": train.success,
+                "collapse_gap": train.success - held.success, "policy_entropy": held.entropy,
+                **{f"heldout/{k}": v for k, v in held.per_member.items()}}
+
+    return evaluation
+
+
+# ------------------------------------------------------------------------------------------ helpers
+def build_configs(entry: TrainerEntry, args: argparse.Namespace) -> dict[str, Any]:
+    """Each of the trainer's configs from ``--config`` (by section or flat) and the flags given."""
+    from simpop.train.config import build
+
+    classes = {section: _load(cls) for section, cls in entry.configs.items()}
+    yaml_values = _yaml_sections(args.config, classes) if args.config else {}
+    return {section: build(cls, args, values=yaml_values.get(section, {})) for section, cls in classes.items()}
+
+
+def _yaml_sections(path: Path, classes: dict[str, type]) -> dict[str, dict[str, Any]]:
+    """``--config`` values per section; a flat mapping is split by field name (names are disjoint)."""
+    import yaml
+
+    data = yaml.safe_load(Path(path).read_text()) or {}
+    if not isinstance(data, dict):
+        raise ValueError(f"{path}: the config file must be a YAML mapping (by section, or of field: value)")
+    fields = {section: {f.name for f in dataclasses.fields(cls)} for section, cls in classes.items()}
+    if set(data) <= set(classes) and all(isinstance(v, dict) for v in data.values()):
+        out = {section: dict(values) for section, values in data.items()}
+    else:
+        out = {}
+        for key, value in data.items():
+            section = next((s for s, names in fields.items() if key in names), None)
+            if section is None:
+                raise ValueError(f"{path}: unknown field {key!r}; valid: {', '.join(sorted(set().union(*fields.values())))}")
+            out.setdefault(section, {})[key] = value
+    for section, values in out.items():
+        unknown = sorted(set(values) - fields[section])
+        if unknown:
+            raise ValueError(f"{path}: unknown {section} fields {unknown}; valid: {', '.join(sorted(fields[section]))}")
+    return out
 
 
 def env_kwargs(pairs: list[str]) -> dict[str, Any]:
@@ -79,279 +252,29 @@ def env_kwargs(pairs: list[str]) -> dict[str, Any]:
     return out
 
 
-def prepare_run_dir(out: Path, resume: bool, config: Any, run_info: dict[str, Any],
-                    extra_configs: dict[str, tuple[str, Any]] | None = None) -> None:
-    """Check that ``out`` fits a new or resumed run, then write ``config.yaml`` and ``run.json``.
+def prepare_run_dir(out: Path, resume: bool, configs: dict[str, Any], run_info: dict[str, Any]) -> None:
+    """Check that ``out`` fits a new or resumed run, then write ``config.yaml`` and ``run.json``."""
+    import yaml
 
-    ``extra_configs`` (file name -> (its YAML flag, config)) are further configs of the run, e.g.
-    ``{"cotrain.yaml": ("--cotrain-config", cotrain_config)}``, saved and checked like ``config``.
-    """
     from simpop.train import checkpoint
-    from simpop.train.config import load_yaml, save_yaml, to_dict
+    from simpop.train.config import to_dict
 
-    configs = {"config.yaml": ("--config", config), **(extra_configs or {})}
-    info_path = out / "run.json"
+    resolved = {section: to_dict(config) for section, config in configs.items()}
+    config_path, info_path = out / "config.yaml", out / "run.json"
     if resume:
-        for name, (flag, run_config) in configs.items():
-            config_path = out / name
-            if not config_path.exists():
-                continue
-            saved = load_yaml(config_path, type(run_config))
-            changed = {k: (saved[k], v) for k, v in to_dict(run_config).items() if saved.get(k) != v}
+        if config_path.exists():
+            saved = yaml.safe_load(config_path.read_text()) or {}
+            changed = [f"{section}.{k}: {saved.get(section, {}).get(k)!r} -> {v!r}"
+                       for section, values in resolved.items() for k, v in values.items()
+                       if saved.get(section, {}).get(k) != v]
             if changed:
-                raise ValueError(f"--resume with different settings than the run in {out}: "
-                                 + ", ".join(f"{k}: {a!r} -> {b!r}" for k, (a, b) in changed.items())
-                                 + f"; pass the same flags (or {flag} {config_path}), or use a new --out")
-        if info_path.exists():
-            saved_info = json.loads(info_path.read_text())
-            if saved_info != run_info:
-                raise ValueError(f"--resume with a different env/simulator than the run in {out}: "
-                                 f"{saved_info} vs {run_info}; use the same flags or a new --out")
+                raise ValueError(f"--resume with different settings than the run in {out}: " + ", ".join(changed)
+                                 + f"; pass the same flags (or --config {config_path}), or use a new --out")
+        if info_path.exists() and json.loads(info_path.read_text()) != run_info:
+            raise ValueError(f"--resume with a different env/simulator than the run in {out}: "
+                             f"{json.loads(info_path.read_text())} vs {run_info}; use the same flags or a new --out")
     elif checkpoint.latest(out) is not None or (out / "metrics.jsonl").exists():
         raise ValueError(f"{out} already holds a run; pass --resume to continue it, or choose another --out")
     out.mkdir(parents=True, exist_ok=True)
-    for name, (_, run_config) in configs.items():
-        save_yaml(run_config, out / name)
+    config_path.write_text(yaml.safe_dump(resolved, sort_keys=False))
     info_path.write_text(json.dumps(run_info, indent=2) + "\n")
-
-
-def build_simulator(spec: str, env: Any):
-    """The user-seat simulator for a spec string (``native`` = the env's registered default)."""
-    from simpop.simulators.spec import build_simulator as build
-
-    return build(spec, env=env)
-
-
-def build_policy(env: Any, config: Any):
-    """An :class:`ActPolicy` for ``Discrete`` policy seats, else an :class:`LLMPolicy` on ``config.model``."""
-    from gymnasium import spaces
-
-    from simpop.train.grpo import ActPolicy, LLMPolicy
-
-    if isinstance(env.action_space(env.policy_seat), spaces.Discrete):
-        return ActPolicy.for_env(env, config.hidden_size, config.seed)
-    from simpop.agents.transformers_backend import TransformersBackend
-
-    backend = TransformersBackend(config.model, dtype=config.dtype, trainable=not config.lora,
-                                  prefix_cache=config.prefix_cache)
-    return LLMPolicy(backend, config.sampling(), lora=config.lora, lora_r=config.lora_r, lora_alpha=config.lora_alpha)
-
-
-def finish(args: argparse.Namespace, done: int, history: list[dict[str, float]], keys: tuple[str, ...]) -> int:
-    """Print where the run stands: nothing to do, or the last update's ``keys``."""
-    if not history:
-        print(f"{args.out}: already at update {done} of {args.updates}; nothing to do")
-    else:
-        print(f"{args.out}: update {done}/{args.updates}  " + summarise(history, keys))
-    return 0
-
-
-def set_threads(args: argparse.Namespace) -> None:
-    """Apply ``--threads`` (torch CPU threads) if given."""
-    if args.threads is not None:
-        import torch
-
-        torch.set_num_threads(args.threads)
-
-
-def summarise(history: list[dict[str, float]], keys: tuple[str, ...]) -> str:
-    """A one-line view of the last update's metrics."""
-    last = history[-1] if history else {}
-    return "  ".join(f"{k}={last[k]:.4g}" for k in keys if k in last)
-
-
-# ------------------------------------------------------------------------------------------- grpo
-def configure_grpo(parser: argparse.ArgumentParser) -> None:
-    from simpop.train.config import add_arguments
-    from simpop.train.grpo import GRPOConfig
-
-    add_run_arguments(parser)
-    add_arguments(parser, GRPOConfig)
-
-
-def run_grpo(args: argparse.Namespace) -> int:
-    import simpop
-    from simpop.train.config import build
-    from simpop.train.grpo import GRPOConfig, GRPOTrainer
-
-    set_threads(args)
-    try:  # setup errors are the user's to fix: say what, without a traceback
-        config = build(GRPOConfig, args, yaml_path=args.config)
-        kwargs = env_kwargs(args.env_arg)
-        env = simpop.make(args.env, **kwargs)
-        simulator = build_simulator(args.simulator, env)
-        prepare_run_dir(args.out, args.resume, config,
-                        {"trainer": "grpo", "env": args.env, "simulator": args.simulator, "env_kwargs": kwargs})
-    except (ValueError, KeyError, TypeError, FileNotFoundError) as error:
-        print(f"simpop train grpo: error: {error}", file=sys.stderr)
-        return 2
-    trainer = GRPOTrainer(args.env, build_policy(env, config), simulator, config,
-                          env_kwargs=kwargs, run_dir=args.out, resume=args.resume)
-    remaining = args.updates - trainer.update_count
-    if remaining > 0:
-        trainer.train(remaining, progress=not args.no_progress)
-    return finish(args, trainer.update_count, trainer.history if remaining > 0 else [],
-                  ("reward_mean", "success", "policy_entropy", "zero_var_frac", "kl", "loss"))
-
-
-TRAINERS["grpo"] = (configure_grpo, run_grpo, "multi-turn GRPO on the policy seat (text or act level)")
-
-
-# --------------------------------------------------------------------- shared by cotrain and ppo
-def run_updates(args: argparse.Namespace, step: Callable[[], dict[str, float]],
-                state_dict: Callable[[], dict[str, Any]], load_state_dict: Callable[[dict[str, Any]], None],
-                save_every: int = 1, keep: int = 3) -> tuple[int, list[dict[str, float]]]:
-    """Run ``step`` (one update -> its metrics) until ``--updates``; ``(updates done, metrics of this call)``.
-
-    With ``--resume`` the trainer first loads the newest checkpoint in ``--out``. Each update's metrics
-    go to ``metrics.jsonl`` (+ TensorBoard); a checkpoint is written every ``save_every`` updates and
-    after the last one, so that a killed run loses at most ``save_every - 1`` updates.
-    """
-    from tqdm import tqdm
-
-    from simpop.evaluation.metrics import MetricsLogger
-    from simpop.train import checkpoint
-
-    start = None
-    if args.resume and (path := checkpoint.latest(args.out)) is not None:
-        start, state = checkpoint.load(path)
-        load_state_dict(state)
-    logger = MetricsLogger(args.out, resume_step=start)
-    done, history = start or 0, []
-    bar = tqdm(total=args.updates, initial=min(done, args.updates), desc=args.trainer, unit="update",
-               disable=args.no_progress)
-    try:
-        while done < args.updates:
-            metrics = step()
-            done += 1
-            history.append(metrics)
-            logger.log(done, metrics)
-            if done % save_every == 0 or done == args.updates:
-                checkpoint.save(args.out, done, state_dict(), keep=keep)
-            bar.update(1)
-    finally:
-        bar.close()
-        logger.close()
-    return done, history
-
-
-# ---------------------------------------------------------------------------------------- cotrain
-COTRAIN_DESCRIPTION = (
-    "Co-training: the policy (GRPO) and trainable simulator(s) learn from the same rollouts "
-    "(simpop.train.cotrain). --simulator names the simulators' starting point: native (the default) on "
-    "simpop/PersuasionAct-v0 trains the act-level persuadee's parameters; frozen:MODEL?temperature=1.0 on a "
-    "text env gives each simulator its own LoRA adapter on MODEL (embedded name or local HF folder). "
-    "GRPOConfig fields (the policy) come from --config, CoTrainConfig fields (the simulators; no name is "
-    "shared with GRPOConfig) from --cotrain-config; flags of either win. The run folder gets config.yaml and "
-    "cotrain.yaml.")
-
-
-def configure_cotrain(parser: argparse.ArgumentParser) -> None:
-    from simpop.train.config import add_arguments
-    from simpop.train.cotrain import CoTrainConfig
-    from simpop.train.grpo import GRPOConfig
-
-    parser.description = COTRAIN_DESCRIPTION
-    add_run_arguments(parser)
-    parser.add_argument("--cotrain-config", type=Path, help="YAML file of CoTrainConfig fields (flags given here win)")
-    add_arguments(parser, GRPOConfig)
-    add_arguments(parser, CoTrainConfig)  # argparse refuses a flag defined twice, so names cannot clash silently
-
-
-def build_trainable_simulators(spec_text: str, env: Any, grpo: Any, count: int) -> list[Any]:
-    """``count`` trainable simulators starting from ``spec_text`` (see :data:`COTRAIN_DESCRIPTION`)."""
-    from gymnasium import spaces
-
-    from simpop.simulators.spec import SimulatorSpec, resolve_personas
-
-    spec = SimulatorSpec.parse(spec_text)
-    act_level = isinstance(env.action_space(env.policy_seat), spaces.Discrete)
-    if spec.kind == "native" and act_level:
-        from simpop.envs.persuasion.simulators import ActPersuadee
-        from simpop.simulators.trainable import TrainableActPersuadee
-
-        if isinstance(build_simulator(spec_text, env), ActPersuadee):
-            return [TrainableActPersuadee(temperature=1.0, name=f"cotrain-{i}") for i in range(count)]
-    if spec.kind == "frozen" and not act_level:
-        from simpop.agents.base import SamplingParams
-        from simpop.agents.transformers_backend import TransformersBackend
-        from simpop.simulators.trainable import TrainableLLMSimulator
-
-        decoding = dict(spec.decoding)
-        if decoding["temperature"] <= 0:
-            raise ValueError(f"trainable simulators must sample (their replies' log-probabilities are what they "
-                             f"learn from): use --simulator frozen:{spec.model}?temperature=1.0")
-        params = SamplingParams(max_new_tokens=decoding["max_new_tokens"], temperature=decoding["temperature"],
-                                top_p=decoding["top_p"])
-        personas = resolve_personas(spec.personas, env)
-        # One base model, one adapter per simulator.
-        backend = TransformersBackend(spec.model, dtype=grpo.dtype, prefix_cache=grpo.prefix_cache)
-        return [TrainableLLMSimulator(backend, adapter=f"cotrain{i}", params=params, lora_r=grpo.lora_r,
-                                      lora_alpha=grpo.lora_alpha, name=f"cotrain-{i}", personas=personas,
-                                      persona_set=spec.personas if personas is not None else None)
-                for i in range(count)]
-    raise ValueError(f"cannot co-train --simulator {spec_text} on this env: supported are --simulator native on "
-                     f"simpop/PersuasionAct-v0 (the trainable act-level persuadee) and --simulator "
-                     f"frozen:MODEL?temperature=1.0 on text envs (a LoRA adapter per simulator)")
-
-
-def run_cotrain(args: argparse.Namespace) -> int:
-    import simpop
-    from simpop.train.config import build
-    from simpop.train.cotrain import CoTrainConfig, CoTrainer
-    from simpop.train.grpo import GRPOConfig
-
-    set_threads(args)
-    try:  # setup errors are the user's to fix: say what, without a traceback
-        grpo = build(GRPOConfig, args, yaml_path=args.config)
-        config = build(CoTrainConfig, args, yaml_path=args.cotrain_config)
-        kwargs = env_kwargs(args.env_arg)
-        env = simpop.make(args.env, **kwargs)
-        simulators = build_trainable_simulators(args.simulator, env, grpo, config.population_size)
-        trainer = CoTrainer(args.env, build_policy(env, grpo), simulators, grpo, config, env_kwargs=kwargs)
-        prepare_run_dir(args.out, args.resume, grpo,
-                        {"trainer": "cotrain", "env": args.env, "simulator": args.simulator, "env_kwargs": kwargs},
-                        extra_configs={"cotrain.yaml": ("--cotrain-config", config)})
-    except (ValueError, KeyError, TypeError, FileNotFoundError) as error:
-        print(f"simpop train cotrain: error: {error}", file=sys.stderr)
-        return 2
-    done, history = run_updates(args, trainer.step, trainer.state_dict, trainer.load_state_dict,
-                                save_every=grpo.save_every, keep=grpo.keep_checkpoints)
-    return finish(args, done, history,
-                  ("reward_mean", "success", "policy_entropy", "sim_success", "sim_kl", "sim_loss"))
-
-
-# -------------------------------------------------------------------------------------------- ppo
-def configure_ppo(parser: argparse.ArgumentParser) -> None:
-    from simpop.train.config import add_arguments
-    from simpop.train.ppo import PPOConfig
-
-    add_run_arguments(parser)
-    add_arguments(parser, PPOConfig)
-
-
-def run_ppo(args: argparse.Namespace) -> int:
-    import simpop
-    from simpop.train.config import build
-    from simpop.train.ppo import PPOConfig, PPOTrainer
-
-    set_threads(args)
-    try:  # setup errors are the user's to fix: say what, without a traceback
-        config = build(PPOConfig, args, yaml_path=args.config)
-        kwargs = env_kwargs(args.env_arg)
-        env = simpop.make(args.env, **kwargs)
-        # Each env copy gets its own simulator: copies step independently.
-        trainer = PPOTrainer(args.env, lambda: build_simulator(args.simulator, env), config, env_kwargs=kwargs)
-        prepare_run_dir(args.out, args.resume, config,
-                        {"trainer": "ppo", "env": args.env, "simulator": args.simulator, "env_kwargs": kwargs})
-    except (ValueError, KeyError, TypeError, FileNotFoundError) as error:
-        print(f"simpop train ppo: error: {error}", file=sys.stderr)
-        return 2
-    done, history = run_updates(args, lambda: trainer.update(trainer.collect()), trainer.state_dict,
-                                trainer.load_state_dict)
-    return finish(args, done, history, ("episode_return", "entropy", "policy_loss", "value_loss", "clip_frac"))
-
-
-TRAINERS["cotrain"] = (configure_cotrain, run_cotrain,
-                       "co-training of the policy (GRPO) with trainable simulators (act level; text via LoRA)")
-TRAINERS["ppo"] = (configure_ppo, run_ppo, "PPO on the policy seat of an act-level env")

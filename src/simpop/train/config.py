@@ -88,10 +88,11 @@ def add_arguments(parser: argparse.ArgumentParser, cls: type, skip: tuple[str, .
 
 
 def build(cls: type[T], args: argparse.Namespace | None = None, yaml_path: str | Path | None = None,
-          **overrides: Any) -> T:
-    """Make a ``cls`` config: dataclass defaults < YAML file < flags given in ``args`` < ``overrides``."""
+          values: dict[str, Any] | None = None, **overrides: Any) -> T:
+    """Make a ``cls`` config: dataclass defaults < YAML file (or ``values`` read from one) < flags given in
+    ``args`` < ``overrides``."""
     names = {f.name for f in dataclasses.fields(cls)}  # type: ignore[arg-type]
-    values: dict[str, Any] = {}
+    values = dict(values or {})
     if yaml_path is not None:
         values.update(load_yaml(yaml_path, cls))
     if args is not None:

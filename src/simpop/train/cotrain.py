@@ -8,7 +8,8 @@ One co-training update:
    :class:`~simpop.simulators.population.CheckpointPool` of their recent frozen snapshots (each
    dialogue is driven by the pool with probability ``pool_sample_prob``, else by one of the K
    simulators uniformly).
-2. **Policy**: the usual GRPO update on that batch (:class:`~simpop.train.grpo.GRPOTrainer.update`).
+2. **Policy**: the policy trainer's update on that batch (:meth:`~simpop.train.grpo.GRPOTrainer.update`,
+   any GRPO variant).
 3. **Simulators**: each trainable simulator ``k`` takes ``sim_epochs`` optimiser steps on the
    dialogues it drove itself (its own records, :mod:`simpop.simulators.trainable`).
 4. Every ``snapshot_every`` updates, each trainable simulator's snapshot joins the pool.
@@ -51,10 +52,10 @@ from typing import Any
 import numpy as np
 import torch
 
-from simpop.simulators.base import Simulator
+from simpop.agents.policy import ActPolicy, LLMPolicy
+from simpop.seat import Simulator, Trainable
 from simpop.simulators.population import CheckpointPool, Population
-from simpop.simulators.trainable import Trainable
-from simpop.train.grpo import ActPolicy, Batch, GRPOConfig, GRPOTrainer, LLMPolicy
+from simpop.train.grpo import Batch, GRPOTrainer
 
 
 @dataclass(frozen=True)
@@ -124,7 +125,7 @@ def simulator_advantages(successes: Sequence[float], target: float = 0.5) -> np.
     return 2.0 * (target - mean) * (s - mean)
 
 
-def training_simulator(simulators: Sequence[Trainable], config: CoTrainConfig,
+def training_population(simulators: Sequence[Trainable], config: CoTrainConfig,
                        snapshots: Sequence[tuple[int, int, dict[str, Any]]] = ()
                        ) -> tuple[Simulator, CheckpointPool | None]:
     """The simulator the policy trains against, and the pool (None without one).
@@ -154,25 +155,22 @@ def training_simulator(simulators: Sequence[Trainable], config: CoTrainConfig,
 
 
 class CoTrainer:
-    """Co-training of a policy (GRPO) and trainable simulators on the same rollouts.
+    """Co-training of a policy (any GRPO variant) and trainable simulators on the same rollouts; a
+    :class:`~simpop.train.loop.Trainer`.
 
     Args:
-        env_id: A registered env id.
-        policy: An :class:`ActPolicy` or :class:`LLMPolicy`.
+        policy_trainer: The policy's trainer (its simulator is replaced by the co-trained population).
         simulators: ``config.population_size`` trainable simulators with distinct names.
-        grpo: The policy's GRPO settings.
         config: Co-training settings.
-        env_kwargs: Env constructor arguments.
 
     Attributes:
-        simulator: What the policy trains against (see :func:`training_simulator`).
+        simulator: What the policy trains against (see :func:`training_population`).
         pool: The checkpoint pool, or None.
-        policy_trainer: The :class:`GRPOTrainer` of the policy.
+        policy_trainer: The policy's trainer.
         update_count: Co-training updates completed.
     """
 
-    def __init__(self, env_id: str, policy: ActPolicy | LLMPolicy, simulators: Sequence[Trainable],
-                 grpo: GRPOConfig, config: CoTrainConfig, env_kwargs: dict[str, Any] | None = None):
+    def __init__(self, policy_trainer: GRPOTrainer, simulators: Sequence[Trainable], config: CoTrainConfig):
         if len({s.name for s in simulators}) != len(simulators):
             raise ValueError("trainable simulators need distinct names (records are matched by name)")
         if any(s.frozen for s in simulators):
@@ -182,14 +180,19 @@ class CoTrainer:
         # The pool starts with each simulator as it is now (the base simulator), so it is never empty.
         self._snapshots = ([(i, 0, s.state_dict()) for i, s in enumerate(self.simulators)]
                            if config.pool_size else [])
-        self.simulator, self.pool = training_simulator(self.simulators, config, self._snapshots)
-        self.policy_trainer = GRPOTrainer(env_id, policy, self.simulator, grpo, env_kwargs=env_kwargs)
+        self.simulator, self.pool = training_population(self.simulators, config, self._snapshots)
+        self.policy_trainer = policy_trainer
+        policy_trainer.use_simulator(self.simulator)
         self.optimizers = [torch.optim.Adam(s.parameters(), lr=config.sim_lr) for s in self.simulators]
         self.update_count = 0
 
     @property
     def policy(self) -> ActPolicy | LLMPolicy:
         return self.policy_trainer.policy
+
+    @property
+    def training_simulator(self) -> Simulator:
+        return self.simulator
 
     def step(self) -> dict[str, float]:
         """One co-training update (collect, policy update, simulator updates, snapshots); its metrics."""
@@ -243,16 +246,6 @@ class CoTrainer:
             logs["sim_grad_norm"].append(float(norm))
         return {key: float(np.mean(values)) for key, values in logs.items() if values}
 
-    def train(self, num_updates: int, callback=None) -> list[dict[str, float]]:
-        """Run ``num_updates`` co-training updates; ``callback(update_count, metrics)`` after each."""
-        out = []
-        for _ in range(num_updates):
-            metrics = self.step()
-            out.append(metrics)
-            if callback is not None:
-                callback(self.update_count, metrics)
-        return out
-
     # ----------------------------------------------------------------- checkpoints
     def _add_snapshot(self, index: int, step: int, state: dict[str, Any]) -> None:
         assert self.pool is not None
@@ -277,6 +270,6 @@ class CoTrainer:
             optimizer.load_state_dict(s)
         if self.pool is not None:
             self._snapshots = list(state["snapshots"])
-            self.simulator, self.pool = training_simulator(self.simulators, self.config, self._snapshots)
-            self.policy_trainer.simulator = self.policy_trainer.engine.simulator = self.simulator
+            self.simulator, self.pool = training_population(self.simulators, self.config, self._snapshots)
+            self.policy_trainer.use_simulator(self.simulator)
         self.update_count = int(state["update_count"])

@@ -24,7 +24,8 @@ Stable-Baselines3 works on the same view unmodified — the documented way to us
     model = PPO("MlpPolicy", env, n_steps=256, batch_size=64, seed=0).learn(10_000)
 
 (``tests/train/test_ppo.py`` runs exactly this.) :class:`PPOTrainer` is simpop's own, with the same
-algorithm in one readable file, seeded rollouts, metrics and checkpoints.
+algorithm in one readable file and seeded rollouts; it is a :class:`~simpop.train.loop.Trainer`, so
+:func:`simpop.train.loop.run` gives it metrics, checkpoints, resume and evaluation.
 """
 
 from __future__ import annotations
@@ -39,7 +40,7 @@ import numpy as np
 import torch
 from torch import nn
 
-from simpop.simulators.base import Simulator
+from simpop.seat import Simulator
 
 
 @dataclass(frozen=True)
@@ -165,6 +166,19 @@ class PPOTrainer:
         self.episode_returns: list[float] = []
         self.update_count = 0
 
+    @property
+    def policy(self) -> ActorCritic:
+        return self.model
+
+    @property
+    def training_simulator(self) -> Simulator:
+        """The first env copy's simulator (every copy has one built the same way)."""
+        return self.envs[0].simulator
+
+    def step(self) -> dict[str, float]:
+        """One update (collect ``n_envs * n_steps`` steps, then optimise); its metrics."""
+        return self.update(self.collect())
+
     def act(self, observations: np.ndarray, deterministic: bool = False) -> np.ndarray:
         """Actions for a batch of observations (sampled, or the most likely with ``deterministic``)."""
         with torch.no_grad():
@@ -249,18 +263,6 @@ class PPOTrainer:
         recent = self.episode_returns[-100:]
         metrics["episode_return"] = float(np.mean(recent)) if recent else math.nan
         return metrics
-
-    def train(self, timesteps: int, callback: Callable[[int, dict[str, float]], None] | None = None
-              ) -> list[dict[str, float]]:
-        """Run updates until at least ``timesteps`` env steps were taken; each update's metrics."""
-        per_update = self.config.n_envs * self.config.n_steps
-        out = []
-        for _ in range(max(1, math.ceil(timesteps / per_update))):
-            metrics = self.update(self.collect())
-            out.append(metrics)
-            if callback is not None:
-                callback(self.update_count, metrics)
-        return out
 
     def evaluate(self, episodes: int, seed: int = 0, deterministic: bool = False) -> float:
         """Mean return of ``episodes`` fresh episodes on the first env copy (its simulator)."""

@@ -1,7 +1,7 @@
 """Train with TRL's ``GRPOTrainer`` against any simpop env and simulator (or population).
 
 TRL (``pip install simpop[trl]``) lets a ``rollout_func(prompts, trainer)`` produce the completions;
-:func:`make_rollout_func` plays whole dialogues there with the :class:`~simpop.train.rollout.RolloutEngine`
+:func:`make_rollout_func` plays whole dialogues there with the :class:`~simpop.rollout.RolloutEngine`
 and hands TRL, per dialogue:
 
 - ``prompt_ids``: the policy's first prompt (system prompt and anything said before its first turn);
@@ -32,8 +32,8 @@ from typing import TYPE_CHECKING, Any
 import numpy as np
 
 from simpop.agents.base import Generation, SamplingParams
-from simpop.simulators.base import Simulator
-from simpop.train.rollout import Job, RolloutEngine
+from simpop.seat import Simulator
+from simpop.rollout import Job, RolloutEngine
 
 if TYPE_CHECKING:
     from simpop.agents.transformers_backend import TransformersBackend

@@ -9,7 +9,9 @@ import pytest
 
 from simpop.agents.base import Generation, SamplingParams
 from simpop.envs.cooperbench.env import CooperBenchEnv
-from simpop.envs.cooperbench.teammates import LLMTeammate, ScriptedTeammate, default_teammate
+from simpop.envs.cooperbench.teammates import CooperBenchFormat, ScriptedTeammate, default_teammate
+from simpop.simulators.llm import LLMSimulator
+from simpop.simulators.registry import build_simulator
 from simpop.envs.dialogue import parse_observation
 from simpop.envs.wrappers import UserSeat
 
@@ -35,7 +37,7 @@ def test_llm_teammate_parses_leniently_and_counts_fallbacks():
         "I have no idea what to do",
         '{"action": "submit"}',
     ])
-    teammate = LLMTeammate(backend, seat="agent2")
+    teammate = LLMSimulator(backend, SamplingParams(max_new_tokens=256), text_format=CooperBenchFormat("agent2"))
     view = UserSeat(env, teammate)
     obs, _ = view.reset(seed=0, options={"scenario_id": "textkit/task1/f1-f3"})
     for action in ('{"type": "message", "text": "I will edit slug.py only"}', '{"type": "view", "path": "."}',
@@ -69,7 +71,8 @@ def test_embedded_model_as_agent1_against_the_scripted_teammate():
     threads = torch.get_num_threads()
     env = CooperBenchEnv("mini", max_steps=6)
     # One thread: on a shared 2-core machine, more threads contend and are ~10x slower.
-    agent = LLMTeammate(TransformersBackend("smollm2", threads=1), SamplingParams(max_new_tokens=24), seat="agent1")
+    agent = LLMSimulator(TransformersBackend("smollm2", threads=1), SamplingParams(max_new_tokens=24),
+                         text_format=CooperBenchFormat("agent1"))
     view = UserSeat(env, ScriptedTeammate())
     obs, _ = view.reset(seed=0, options={"scenario_id": "kvstore/task2/f1-f3"})
     agent.reset(env.scenario, np.random.default_rng(0))
@@ -86,3 +89,19 @@ def test_embedded_model_as_agent1_against_the_scripted_teammate():
     assert {t.seat for t in env.transcript} == {"agent1", "agent2"}
     assert all(json.loads(t.text)["type"] in ("message", "view", "write", "delete", "test", "submit")
                for t in env.transcript)
+
+
+def test_llm_kinds_built_for_cooperbench_use_its_format():
+    env = CooperBenchEnv("mini")
+    teammate = build_simulator("frozen:smollm2", env=env, backends={"smollm2": CannedBackend(["no action here"])})
+    assert isinstance(teammate.text_format, CooperBenchFormat) and teammate.text_format.seat == "agent2"
+    teammate.reset(env.load_scenario(env.scenario_ids()[0]), np.random.default_rng(0))
+    obs, _ = env.reset(seed=0)
+    obs, *_ = env.step({"agent1": '{"type": "message", "text": "hi"}', "agent2": ""})
+    assert json.loads(teammate.act(obs["agent2"]))["type"] == "message"
+    assert teammate.stats["unparsed_actions"] == 1
+
+
+def test_format_rejects_unknown_seats():
+    with pytest.raises(ValueError, match="seat"):
+        CooperBenchFormat("agent3")

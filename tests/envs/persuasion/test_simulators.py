@@ -15,7 +15,7 @@ from simpop.envs.persuasion.outcome import parse_donation
 from simpop.envs.persuasion.personas import modal_persona
 from simpop.envs.persuasion.simulators import ActPersuadee, TextPersuadee, native_act, native_text
 from simpop.envs.wrappers import UserSeat
-from simpop.simulators.base import DistributionalSimulator
+from simpop.seat import DistributionalSimulator
 
 SCRIPT = ["greeting", "personal-related-inquiry", "emotion-appeal", "credibility-appeal", "logical-appeal",
           "proposition-of-donation"]

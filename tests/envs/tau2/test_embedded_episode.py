@@ -7,13 +7,13 @@ import pytest
 from simpop.agents.base import SamplingParams
 from simpop.envs.tau2.env import Tau2Env
 from simpop.simulators.llm import LLMSimulator
-from simpop.train.rollout import RolloutEngine
+from simpop.rollout import RolloutEngine
 
 
 @pytest.mark.slow
 def test_embedded_model_plays_agent_and_user_on_mock():
     from simpop.agents.transformers_backend import TransformersBackend
-    from simpop.train.grpo import LLMPolicy
+    from simpop.agents.policy import LLMPolicy
 
     backend = TransformersBackend("smollm2")
     policy = LLMPolicy(backend, SamplingParams(max_new_tokens=16, temperature=1.0, logprobs=True), lora=True)

@@ -14,7 +14,7 @@ from simpop.envs.tau2.scripted import ScriptedUser, play_gold
 from simpop.envs.wrappers import UserSeat
 from simpop.simulators.llm import LLMSimulator
 from simpop.simulators.verbalized import VerbalizedSimulator
-from simpop.train.rollout import RolloutEngine
+from simpop.rollout import RolloutEngine
 from tests.simulators.fakes import FakeBackend, verbalized_json
 
 

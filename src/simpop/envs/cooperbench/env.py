@@ -105,6 +105,13 @@ class CooperBenchEnv(DialogueEnv):
         action = TextSpace(max_length=ACTION_MAX_CHARS)
         return {s: observation for s in SEATS}, {s: action for s in SEATS}
 
+    @property
+    def text_format(self):
+        """How an LLM simulator in the user seat reads observations and writes actions."""
+        from simpop.envs.cooperbench.teammates import CooperBenchFormat
+
+        return CooperBenchFormat(self.user_seat)
+
     def scenario_ids(self) -> list[str]:
         return list(self._pairs)
 

@@ -4,9 +4,9 @@
   file by file and submits. Failure modes, fixed or drawn per episode: ``silent`` (no
   announcement), ``breaks_announcement`` (announces other files than it then touches) and
   ``late`` (announces, then spends ``delay_turns`` turns before working and submitting).
-- :class:`LLMTeammate` is any simpop backend behind the action language: its output is parsed
-  leniently (:func:`~simpop.envs.cooperbench.actions.find_action`); output with no action in it
-  becomes a message to the other seat and is counted in ``stats["unparsed_actions"]``.
+- :class:`CooperBenchFormat` lets any LLM simulator kind play a seat through the action language: its
+  output is parsed leniently (:func:`~simpop.envs.cooperbench.actions.find_action`); output with no
+  action in it becomes a message to the other seat and is counted in ``stats["unparsed_actions"]``.
 """
 
 from __future__ import annotations
@@ -16,14 +16,13 @@ from typing import Any
 
 import numpy as np
 
-from simpop.agents.base import Backend, Chat, SamplingParams
+from simpop.agents.base import Chat
 from simpop.envs.cooperbench.actions import Action, find_action
 from simpop.envs.cooperbench.dataset import FeaturePair
 from simpop.envs.cooperbench.evaluator import patched_files
 from simpop.envs.cooperbench.patches import touched_paths
 from simpop.envs.dialogue import parse_observation
-from simpop.simulators.base import Simulator
-from simpop.simulators.llm import LLMSimulator
+from simpop.seat import Simulator
 
 MODES = ("cooperative", "silent", "breaks_announcement", "late")
 _MESSAGE_CAP = 3_000
@@ -102,39 +101,30 @@ class ScriptedTeammate(Simulator):
         return plan + work + [Action("submit")]
 
 
-class LLMTeammate(LLMSimulator):
-    """An LLM in a CooperBench seat, through any simpop backend.
+class CooperBenchFormat:
+    """How an LLM plays a CooperBench seat (a :class:`~simpop.seat.TextFormat`; ``CooperBenchEnv.text_format``).
+
+    The chat is the seat's instructions, its dialogue so far (consecutive messages of one role merged), and
+    the current state (files, inbox, steps left, whether the teammate submitted) as the last user turn. The
+    model's reply is parsed leniently (:func:`~simpop.envs.cooperbench.actions.find_action`); a reply with
+    no action in it becomes a message to the other seat and is counted in ``stats["unparsed_actions"]``.
+    Every LLM simulator kind (``frozen:MODEL``, ``verbalized:MODEL``, ``trainable:MODEL``) uses it on
+    CooperBench.
 
     Args:
-        backend: The model.
-        params: Decoding settings (default: greedy, 256 new tokens).
-        seat: The seat it plays (its prompt is the scenario's instructions for that seat).
-        name: Name in logs and populations.
-
-    Attributes:
-        stats: The :class:`~simpop.simulators.llm.LLMSimulator` counters plus ``unparsed_actions``.
+        seat: The seat the model plays (``agent2``: the user seat; ``agent1`` for an LLM agent).
     """
 
-    kind = "cooperbench-llm"
+    counters = ("unparsed_actions",)
 
-    def __init__(self, backend: Backend, params: SamplingParams | None = None, *, seat: str = "agent2",
-                 name: str | None = None):
+    def __init__(self, seat: str = "agent2"):
         if seat not in ("agent1", "agent2"):
             raise ValueError(f"seat must be 'agent1' or 'agent2', got {seat!r}")
-        super().__init__(backend, params or SamplingParams(max_new_tokens=256), name=name)
         self.seat = seat
-        self.stats["unparsed_actions"] = 0
 
-    def act_batch(self, observations: list[Any], slots: list[int]) -> list[str]:
-        chats = [self.chat(obs, slot) for obs, slot in zip(observations, slots)]
-        return [self.to_action(text) for text in self.generate(chats, slots, self.params)]
-
-    def chat(self, observation: str, slot: int, instructions_suffix: str = "") -> Chat:
-        """System prompt for this seat, its dialogue so far, and the current state as the last user turn."""
-        if not 0 <= slot < len(self._scenarios):
-            raise IndexError(f"slot {slot} was not started: reset_batch() started {len(self._scenarios)} slots")
+    def chat(self, observation: str, scenario: Any, instructions_suffix: str = "") -> Chat:
         view = parse_observation(observation)
-        chat: Chat = [{"role": "system", "content": self.scenario(slot).instructions(self.seat) + instructions_suffix}]
+        chat: Chat = [{"role": "system", "content": scenario.instructions(self.seat) + instructions_suffix}]
         for message in view["messages"]:
             if chat[-1]["role"] == message["role"]:
                 chat[-1] = {"role": message["role"], "content": chat[-1]["content"] + "\n" + message["content"]}
@@ -151,11 +141,11 @@ class LLMTeammate(LLMSimulator):
             chat.append({"role": "user", "content": turn})
         return chat
 
-    def to_action(self, text: str) -> str:
+    def to_action(self, text: str, stats: dict[str, int]) -> str:
         """The action in ``text``, or ``text`` as a message to the other seat (counted)."""
         action = find_action(text)
         if action is None:
-            self.stats["unparsed_actions"] += 1
+            stats["unparsed_actions"] = stats.get("unparsed_actions", 0) + 1
             action = Action("message", text=text.strip()[:_MESSAGE_CAP] or "(no reply)")
         return action.to_json()
 

@@ -21,7 +21,7 @@ from simpop.envs.persuasion.acts import (DONATING_ACTS, PERSUADEE_ACTS, PERSUADE
                                          classify_persuader, render_persuadee, render_persuader)
 from simpop.envs.persuasion.model import AMOUNT_LEVELS
 from simpop.envs.persuasion.outcome import parse_donation
-from simpop.envs.persuasion.personas import Persona, PersonaSampler
+from simpop.envs.persuasion.personas import Persona, PersonaSampler, modal_persona
 
 DONATION_CONTEXT = (
     "This chat is part of a paid online study. The persuadee earns $2 for the task and may donate any part "
@@ -63,6 +63,25 @@ class PersuasionScenario:
             "your own example, and ask for the donation before the chat ends. Keep each message short.")
 
 
+@functools.lru_cache(maxsize=16)
+def persona_set(name: str, training: tuple[Persona, ...]) -> tuple[Persona, ...]:
+    """The personas of set ``name`` (see :meth:`_PersuasionEnv.persona_set`), given the training personas."""
+    if name == "modal":
+        return (modal_persona(),)
+    prefix, *rest = name.split("-")
+    if name == "heldout":
+        rest = ["300", "4242"]
+    if prefix != "heldout" or len(rest) != 2 or not all(x.isdigit() for x in rest) or int(rest[0]) < 1:
+        raise ValueError(f"unknown P4G persona set {name!r}; use modal, heldout or heldout-<n>-<seed> "
+                         f"(e.g. heldout-300-4242), or scenario")
+    seen = set(training) | {modal_persona()}
+    drawn = PersonaSampler().sample_many(int(rest[0]), np.random.default_rng(int(rest[1])))
+    kept = tuple(p for p in drawn if p not in seen)
+    if not kept:
+        raise ValueError(f"persona set {name!r} has no persona outside the training scenarios")
+    return kept
+
+
 @functools.lru_cache(maxsize=8)
 def default_scenarios(n: int = 200, seed: int = 2019) -> tuple[PersuasionScenario, ...]:
     """``n`` personas from :class:`PersonaSampler` with a fixed seed: ``p4g-0000`` ... (the default set)."""
@@ -102,6 +121,15 @@ class _PersuasionEnv(DialogueEnv):
 
     def scenario_ids(self) -> list[str]:
         return list(self._scenarios)
+
+    def persona_set(self, name: str) -> tuple[Persona, ...]:
+        """Named persona sets for simulator specs (``personas=NAME``).
+
+        - ``modal``: the persona sampler's modal persona alone (the mode-collapsed population).
+        - ``heldout`` = ``heldout-300-4242``; ``heldout-<n>-<seed>``: ``n`` draws from the persona sampler with
+          ``seed``, minus every persona of this env's scenarios and the modal persona (people training never sees).
+        """
+        return persona_set(name, tuple(s.persona for s in self._scenarios.values()))
 
     def load_scenario(self, scenario_id: str) -> PersuasionScenario:
         return self._scenarios[scenario_id]

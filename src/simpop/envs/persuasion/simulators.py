@@ -8,10 +8,20 @@
 
 Decoding ``"sample"`` draws from the model at ``temperature``; ``"greedy"`` takes every argmax (and the
 canonical phrasing): with ``persona_override=modal_persona()`` it is the mode-collapsed frozen simulator.
+
+Spec strings name them as kind ``persuadee`` (registered in :mod:`simpop.envs`; :func:`from_spec` builds
+the act or text form to fit the env)::
+
+    persuadee?decoding=greedy&personas=modal            the mode-collapsed frozen simulator
+    persuadee:heldout-2?temperature=1.2&personas=heldout    a held-out model (see :func:`model_params`)
+    verbalized:persuadee?floor=0.01&tau=1.0             verbalized sampling over its stated distribution
+    trainable:persuadee                                 its co-trainable form (:mod:`.trainable`)
 """
 
 from __future__ import annotations
 
+import dataclasses
+from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -20,11 +30,15 @@ import numpy as np
 from simpop.envs.dialogue import parse_observation
 from simpop.envs.persuasion.acts import DONATING_ACTS, classify_persuader, render_persuadee
 from simpop.envs.persuasion.env import encode_persuadee_action, last_persuader_act
-from simpop.envs.persuasion.model import Outcome, PersuadeeModel, PersuadeeParams, PersuadeeState
+from simpop.envs.persuasion.model import Outcome, PersuadeeModel, PersuadeeParams, PersuadeeState, calibrate
 from simpop.envs.persuasion.personas import Persona
-from simpop.simulators.base import DistributionalSimulator, Simulator
+from simpop.seat import SCENARIO_PERSONAS, BuildContext, DistributionalSimulator, Simulator, SimulatorSpec
 
 DECODINGS = ("sample", "greedy")
+#: The calibrated default parameters' model name in specs.
+BASE_MODEL = "base"
+#: Default spread (log-scale sd) of a held-out model's parameter jitter, and its seed.
+HELDOUT_JITTER, HELDOUT_SEED = 0.35, 4242
 
 
 @dataclass
@@ -34,24 +48,64 @@ class _Slot:
 
 
 class _ModelPersuadee(Simulator):
-    """Per-slot model state shared by the act and text simulators."""
+    """Per-slot model state shared by the act and text simulators.
+
+    Args:
+        params: Model parameters (default: the calibrated defaults).
+        decoding: ``"sample"`` or ``"greedy"``.
+        temperature: Sampling temperature (ignored when greedy).
+        persona_override: Play this persona in every scenario (e.g. ``modal_persona()``).
+        name: Identifier in populations and reports.
+        personas: Play a persona drawn (with the slot's generator) from these instead of the scenario's;
+            a set of one is played without a draw.
+        persona_set: The name of ``personas`` (part of :attr:`spec`; held-out panels compare it).
+        model_name: The parameters' name in :attr:`spec` (``base``, ``heldout-2``, ...).
+        jitter, model_seed: How a held-out model's parameters were drawn (:func:`model_params`; for :attr:`spec`).
+    """
+
+    kind = "persuadee"
 
     def __init__(self, params: PersuadeeParams | None = None, decoding: str = "sample", temperature: float = 1.0,
-                 persona_override: Persona | None = None, name: str | None = None):
+                 persona_override: Persona | None = None, name: str | None = None, *,
+                 personas: Sequence[Persona] | None = None, persona_set: str | None = None,
+                 model_name: str = BASE_MODEL, jitter: float = HELDOUT_JITTER, model_seed: int = HELDOUT_SEED):
         if decoding not in DECODINGS:
             raise ValueError(f"decoding must be one of {DECODINGS}, got {decoding!r}")
         if decoding == "sample" and temperature <= 0:
             raise ValueError(f"temperature must be > 0 for sampling (use decoding='greedy'), got {temperature}")
+        if personas is not None and (not personas or persona_override is not None):
+            raise ValueError("pass either a non-empty persona set or persona_override, not both")
         self.model = PersuadeeModel(params)
         self.decoding = decoding
         self.temperature = 0.0 if decoding == "greedy" else float(temperature)
         self.persona_override = persona_override
+        self.personas = list(personas) if personas is not None else None
+        self.persona_set = persona_set or (SCENARIO_PERSONAS if personas is None and persona_override is None
+                                           else "custom")
+        self.model_name, self.jitter, self.model_seed = model_name, jitter, model_seed
         self.name = name or f"{type(self).__name__.lower()}-{decoding}{'-modal' if persona_override else ''}"
         self._slots: list[_Slot] = []
 
+    @property
+    def spec(self) -> SimulatorSpec:
+        return SimulatorSpec(self.kind, self.model_name, self.persona_set,
+                             {"decoding": self.decoding, "temperature": float(self.temperature)},
+                             {"jitter": float(self.jitter), "model_seed": self.model_seed})
+
     def reset_batch(self, scenarios: list[Any], rngs: list[np.random.Generator]) -> None:
-        self._slots = [_Slot(self.model.initial_state(self.persona_override or s.persona), rng)
+        self._slots = [_Slot(self.model.initial_state(self._persona(s, rng)), rng)
                        for s, rng in zip(scenarios, rngs, strict=True)]
+
+    def _persona(self, scenario: Any, rng: np.random.Generator) -> Persona:
+        if self.personas is None:
+            return self.persona_override or scenario.persona
+        if len(self.personas) == 1:
+            return self.personas[0]
+        return self.personas[int(rng.integers(len(self.personas)))]
+
+    def slot_rng(self, slot: int) -> np.random.Generator:
+        """The generator slot ``slot`` was started with."""
+        return self._slots[slot].rng
 
     def _reply(self, slot: int, act: str, commit: bool) -> tuple[PersuadeeState, Outcome]:
         state = self.model.update(self._slots[slot].state, act)
@@ -68,12 +122,7 @@ class _ModelPersuadee(Simulator):
 class ActPersuadee(_ModelPersuadee, DistributionalSimulator):
     """Act-level persuadee for ``simpop/PersuasionAct-v0``: actions are ``Discrete(23 · 7)`` indices.
 
-    Args:
-        params: Model parameters (default: the calibrated defaults).
-        decoding: ``"sample"`` or ``"greedy"``.
-        temperature: Sampling temperature (ignored when greedy).
-        persona_override: Play this persona in every scenario (e.g. ``modal_persona()``).
-        name: Identifier in populations and reports.
+    Arguments as for :class:`_ModelPersuadee`.
     """
 
     def act_batch(self, observations: list[Any], slots: list[int]) -> list[int]:
@@ -84,6 +133,10 @@ class ActPersuadee(_ModelPersuadee, DistributionalSimulator):
         act = _heard(observation)
         state = self.model.update(self._slots[slot].state, act)
         return [(encode_persuadee_action(*o), p) for o, p in self.model.distribution(state, act, self.temperature)]
+
+    def commit(self, observation: Any, slot: int = 0, action: Any = None) -> None:
+        """Advance the slot's state past the persuader act in ``observation`` (the reply does not move it)."""
+        self._slots[slot].state = self.model.update(self._slots[slot].state, _heard(observation))
 
 
 class TextPersuadee(_ModelPersuadee):
@@ -105,6 +158,53 @@ def _heard(observation: Any) -> str:
     if act is None:
         raise ValueError("the persuadee observation reports no persuader act yet; the persuader speaks first")
     return act
+
+
+def model_params(model: str, personas: Sequence[Persona] | None, jitter: float = HELDOUT_JITTER,
+                 seed: int = HELDOUT_SEED) -> PersuadeeParams:
+    """The parameters a persuadee model name stands for.
+
+    ``base`` is the calibrated defaults. ``heldout-<i>`` is a model training never uses: the act effects,
+    persona modulations and trait weights of the defaults each multiplied by ``exp(N(0, jitter²))``
+    (generator seeded with ``[seed, i]``), then the intercept and amount shift recalibrated
+    (:func:`~simpop.envs.persuasion.model.calibrate`) on ``personas`` so that a corpus-like persuader still
+    gets the corpus donor rate: other people who give as often but respond to different strategies.
+    """
+    if model == BASE_MODEL:
+        return PersuadeeParams()
+    prefix, _, index = model.partition("-")
+    if prefix != "heldout" or not index.isdigit():
+        raise ValueError(f"unknown persuadee model {model!r}; use {BASE_MODEL} or heldout-<i> (e.g. heldout-0)")
+    base = PersuadeeParams()
+    rng = np.random.default_rng([seed, int(index)])
+    changed = {name: tuple(v * float(np.exp(rng.normal(0.0, jitter))) for v in getattr(base, name))
+               for name in ("act_effects", "modulation", "trait_weights")}
+    return calibrate(dataclasses.replace(base, **changed), personas=personas)
+
+
+def from_spec(spec: SimulatorSpec, context: BuildContext) -> ActPersuadee | TextPersuadee:
+    """The ``persuadee`` kind: an :class:`ActPersuadee` for the act env, a :class:`TextPersuadee` otherwise."""
+    return _persuadee_class(context.env)(**_spec_arguments(spec, context))
+
+
+def _spec_arguments(spec: SimulatorSpec, context: BuildContext) -> dict[str, Any]:
+    """Constructor arguments of a persuadee from its spec."""
+    params = spec.params
+    personas = context.personas(spec.personas)
+    calibration = personas if personas is not None else (
+        [context.env.load_scenario(i).persona for i in context.env.scenario_ids()] if context.env is not None else None)
+    return {"params": model_params(spec.model or BASE_MODEL, calibration, params["jitter"], params["model_seed"]),
+            "decoding": params["decoding"], "temperature": params["temperature"], "personas": personas,
+            "persona_set": spec.personas if personas is not None else None, "model_name": spec.model or BASE_MODEL,
+            "jitter": params["jitter"], "model_seed": params["model_seed"]}
+
+
+def _persuadee_class(env: Any) -> type:
+    from simpop.envs.persuasion.env import PersuasionActEnv
+
+    if env is None:
+        raise ValueError("persuadee simulators need the env (act or text level): pass env=...")
+    return ActPersuadee if isinstance(env, PersuasionActEnv) else TextPersuadee
 
 
 def native_act(env: Any) -> ActPersuadee:

@@ -13,7 +13,7 @@ import numpy as np
 
 from simpop.envs.dialogue import parse_observation
 from simpop.envs.tau2.tool_calls import format_tool_call
-from simpop.simulators.base import Simulator
+from simpop.seat import Simulator
 
 #: τ²'s user stop tokens (``tau2.user.base``), repeated here so this module does not import τ².
 STOP, TRANSFER = "###STOP###", "###TRANSFER###"

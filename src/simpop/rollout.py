@@ -7,11 +7,12 @@ is over; the next wave resets the envs for the next dialogues until every reques
 
 The policy seat is either
 
-- a :class:`TokenPolicy` (a text LLM policy over a :class:`~simpop.agents.base.TokenBackend`): the
+- a :class:`~simpop.agents.policy.TokenPolicy` (a text LLM policy over a
+  :class:`~simpop.agents.base.TokenBackend`): the
   engine keeps its token ids exactly as generated (token-in, token-out), see :class:`TokenLedger`; or
 - anything with ``act_batch(observations, rng) -> actions`` (act-level policies, scripted baselines).
 
-The user seat is any :class:`~simpop.simulators.base.Simulator`: at the start of a wave it gets
+The user seat is any :class:`~simpop.seat.Simulator`: at the start of a wave it gets
 ``reset_batch`` with each env's scenario and ``env.user_rng()`` (slot ``i`` = the wave's ``i``-th
 dialogue), and ``feedback`` with the policy's return as each dialogue ends.
 
@@ -38,47 +39,14 @@ import dataclasses
 import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
-from typing import Any, Protocol, runtime_checkable
+from typing import Any
 
 import numpy as np
 
 from simpop.agents.base import Chat, Generation, SamplingParams, TokenBackend
+from simpop.agents.policy import BatchPolicy, TokenPolicy
 from simpop.envs.dialogue import DialogueEnv, parse_observation
-from simpop.simulators.base import Simulator
-
-
-@runtime_checkable
-class TokenPolicy(Protocol):
-    """A text policy whose tokens the engine tracks.
-
-    Attributes:
-        backend: The policy model's backend; the engine uses its chat template (``encode_chat``).
-        sampling: Decoding settings for the policy's turns (``seed`` is set per call by the engine).
-    """
-
-    backend: TokenBackend
-    sampling: SamplingParams
-
-    def generate_ids(self, prompts: list[list[int]], params: SamplingParams) -> list[Generation]:
-        """The policy's turns for exact prompt ids (with log-probs), e.g. ``backend.generate_ids`` with
-        the policy's own LoRA adapter active."""
-        ...
-
-    def system_prompt(self, observation: dict[str, Any]) -> str | None:
-        """The system message of a dialogue, given its first parsed observation (None: no system message).
-
-        Text envs put the seat's task in the observation's ``instructions`` field.
-        """
-        ...
-
-
-@runtime_checkable
-class BatchPolicy(Protocol):
-    """A policy that maps a batch of observations to actions (act-level or untracked text)."""
-
-    def act_batch(self, observations: list[Any], rng: np.random.Generator) -> list[Any]:
-        """One action per observation; randomness only from ``rng``."""
-        ...
+from simpop.seat import Simulator
 
 
 @dataclass

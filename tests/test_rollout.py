@@ -5,7 +5,7 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from simpop.train.rollout import ChatDelta, Job, RolloutEngine
+from simpop.rollout import ChatDelta, Job, RolloutEngine
 from tests.train.toys import (IM_END, MERGED_AB, CountingSimulator, PrefilledToyEnv, ToyTextEnv, ToyTextPolicy,
                               ToyTokenBackend)
 
