@@ -17,7 +17,7 @@ test suite can parametrise over them::
 
     make_env = functools.partial(simpop.make, "simpop/PersuasionAct-v0")
 
-    @pytest.mark.parametrize("check", ENV_CHECKS.values(), ids=ENV_CHECKS.keys())
+    @pytest.mark.parametrize("check", list(ENV_CHECKS.values()), ids=list(ENV_CHECKS))
     def test_env(check):
         check(make_env)
 
@@ -31,14 +31,16 @@ no arguments) or a factory called with the env (like the registry's ``default_si
 a factory or class gives a fresh simulator to each run, an instance is reused (``reset_batch`` must then
 discard all earlier state).
 
-Importing this module is cheap: Gymnasium, PettingZoo and simpop's envs are imported when a check runs,
-and nothing here imports torch or transformers.
+Importing this module is cheap (numpy, plus what ``import simpop`` loads): PettingZoo, the env modules
+and ``simpop.envs.wrappers`` are imported when a check needs them, and nothing here imports torch,
+transformers or ``simpop.simulators`` (simulators are duck-typed).
 """
 
 from __future__ import annotations
 
 import contextlib
 import copy
+import itertools
 import json
 import math
 import pickle
@@ -92,8 +94,12 @@ NOT_AN_ACTION = _NotAnAction()
 
 
 # ============================================================================================ helpers
+class _CheckFailed(AssertionError):
+    """A failed check (an ``AssertionError``, so that test runners report it as a failure)."""
+
+
 def _fail(check: str, problem: str, fix: str) -> NoReturn:
-    raise AssertionError(f"[{check}] {problem}\n    fix: {fix}")
+    raise _CheckFailed(f"[{check}] {problem}\n    fix: {fix}")
 
 
 @contextlib.contextmanager
@@ -101,12 +107,11 @@ def _calling(check: str, what: str, fix: str) -> Iterator[None]:
     """Turn an unexpected exception from env or simulator code into a check failure."""
     try:
         yield
-    except AssertionError as exc:
-        if str(exc).startswith("["):  # already one of ours
-            raise
-        _fail(check, f"{what} failed an assertion: {exc}", fix)
+    except _CheckFailed:
+        raise
     except Exception as exc:  # noqa: BLE001 - every exception from user code is a failure to report
-        raise AssertionError(f"[{check}] {what} raised {type(exc).__name__}: {exc}\n    fix: {fix}") from exc
+        kind = "failed an assertion" if isinstance(exc, AssertionError) else f"raised {type(exc).__name__}"
+        raise _CheckFailed(f"[{check}] {what} {kind}: {exc}\n    fix: {fix}") from exc
 
 
 def _short(value: Any) -> str:
@@ -136,7 +141,7 @@ def _first_difference(a: Any, b: Any, path: str = "") -> str | None:
     if isinstance(a, (list, tuple)):
         if len(a) != len(b):
             return f"{where}: length {len(a)} != {len(b)}"
-        for i, (x, y) in enumerate(zip(a, b)):
+        for i, (x, y) in enumerate(zip(a, b, strict=True)):
             found = _first_difference(x, y, f"{path}[{i}]")
             if found:
                 return found
@@ -150,13 +155,32 @@ def _first_difference(a: Any, b: Any, path: str = "") -> str | None:
     return None if equal else f"{where}: {_short(a)} != {_short(b)}"
 
 
+#: Names of the five results of ``env.step``, and of the records :func:`_rollout` keeps.
+_STEP_FIELDS = ("observations", "rewards", "terminations", "truncations", "infos")
+_RECORD_FIELDS = {"reset": ("observations", "infos", "user_seed"), "step": ("actions", *_STEP_FIELDS),
+                  "transcript": ("transcript",)}
+
+
+def _fields_difference(a: tuple[Any, ...], b: tuple[Any, ...], fields: tuple[str, ...]) -> str | None:
+    """The first difference between two tuples of named results, e.g. ``rewards['persuader']: 0.0 != 0.5``."""
+    if len(a) != len(b):
+        return f"{len(a)} results != {len(b)} results"
+    pairs = zip(fields, a, b, strict=False)
+    return next((found for field, x, y in pairs if (found := _first_difference(x, y, field))), None)
+
+
+def _is_env(obj: Any) -> bool:
+    """An env instance (an env class is a factory)."""
+    return not isinstance(obj, type) and callable(getattr(obj, "step", None)) and callable(getattr(obj, "reset", None))
+
+
 def _env_factory(env_or_factory: Any) -> Callable[[], Any]:
     """A zero-argument callable returning a fresh env."""
     if isinstance(env_or_factory, str):
         import simpop
 
         return lambda: simpop.make(env_or_factory)
-    if hasattr(env_or_factory, "step") and hasattr(env_or_factory, "reset"):
+    if _is_env(env_or_factory):
         return lambda: copy.deepcopy(env_or_factory)
     if callable(env_or_factory):
         return env_or_factory
@@ -170,9 +194,7 @@ def _make_env(check: str, factory: Callable[[], Any]) -> Any:
 
 def _env(env_or_factory: Any) -> Any:
     """The env itself if an instance was given, else a fresh one."""
-    if hasattr(env_or_factory, "step") and hasattr(env_or_factory, "reset"):
-        return env_or_factory
-    return _env_factory(env_or_factory)()
+    return env_or_factory if _is_env(env_or_factory) else _env_factory(env_or_factory)()
 
 
 def _sample(space: Any, seed: int) -> Any:
@@ -275,11 +297,16 @@ def check_spaces_memoised(env_or_factory: Any, *, seed: int = 0) -> None:
             _fail(name, f"{kind}({agent!r}) returned a different object after reset() and step()", fix)
 
 
+#: How the warnings of PettingZoo's parallel_api_test begin (each is an API violation).
+_PETTINGZOO_WARNINGS = ("Live agent was not given", "Agent was given", "No agents present",
+                        "This environment does not have")
+
+
 def check_parallel_api(env_or_factory: Any, *, seed: int = 0, num_cycles: int = 60) -> None:
     """PettingZoo's ``parallel_api_test`` (action spaces seeded from ``seed``), plus what it leaves out.
 
-    PettingZoo's warnings (e.g. a live seat given no observation) count as failures, and a seeded
-    episode must return observations contained in each seat's observation space and float rewards.
+    PettingZoo's warnings (e.g. a live seat given no reward) count as failures, and every observation
+    returned during its run must be contained in its seat's observation space, every reward a number.
 
     Raises:
         AssertionError: With PettingZoo's finding or the offending observation.
@@ -287,10 +314,24 @@ def check_parallel_api(env_or_factory: Any, *, seed: int = 0, num_cycles: int = 
     from pettingzoo.test import parallel_api_test
 
     name = "check_parallel_api"
-    factory = _env_factory(env_or_factory)
-    env = _make_env(name, factory)
+    env = _make_env(name, _env_factory(env_or_factory))
     for i, agent in enumerate(env.possible_agents):
         env.action_space(agent).seed(seed + i)
+    seen: list[tuple[str, dict[str, Any], dict[str, Any]]] = []
+    step, reset, steps = env.step, env.reset, itertools.count()
+
+    def recording_step(actions: dict[str, Any]) -> tuple[Any, ...]:
+        out = step(actions)
+        seen.append((f"step {next(steps)} of PettingZoo's run", out[0], out[1]))
+        return out
+
+    def recording_reset(*args: Any, **kwargs: Any) -> tuple[Any, Any]:
+        out = reset(*args, **kwargs)
+        seen.append(("reset", out[0], {}))
+        return out
+
+    # Instance attributes shadow the methods for PettingZoo's run only (the env is a fresh one of ours).
+    env.step, env.reset = recording_step, recording_reset
     with warnings.catch_warnings(record=True) as caught:
         warnings.simplefilter("always")
         # PettingZoo's test passes a made-up reset option on purpose; DialogueEnv warns about it.
@@ -298,42 +339,56 @@ def check_parallel_api(env_or_factory: Any, *, seed: int = 0, num_cycles: int = 
         with _calling(name, "pettingzoo.test.parallel_api_test", "follow the PettingZoo ParallelEnv API "
                       "(see the traceback; DialogueEnv's base class handles most of it)"):
             parallel_api_test(env, num_cycles=num_cycles)
-    found = [str(w.message) for w in caught if "pettingzoo" in w.filename.replace("\\", "/")]
+    del env.step, env.reset
+    found = [str(w.message).splitlines()[0] for w in caught if str(w.message).startswith(_PETTINGZOO_WARNINGS)]
     if found:
         _fail(name, f"PettingZoo's parallel_api_test warned: {'; '.join(dict.fromkeys(found))}",
               "return observations, rewards, terminations, truncations and infos for exactly the live seats")
-
-    env = _make_env(name, factory)
-    obs, infos = _reset(name, env, seed)
-    for step in range(_MAX_EPISODE_STEPS):
-        for agent, observation in obs.items():
+    for when, observations, rewards in seen:
+        for agent, observation in observations.items():
             space = env.observation_space(agent)
             if not space.contains(observation):
-                _fail(name, f"step {step}: {agent!r}'s observation {_short(observation)} is not in its observation "
-                      f"space {space}", "return observations inside observation_space(seat) (dtype, shape, bounds)")
-        if not env.agents:
-            return
-        obs, rewards, *_ = _step(name, env, _sample_actions(env, step))
+                _fail(name, f"{when}: the observation for {agent!r}, {_short(observation)}, is not in its "
+                      f"observation space {space}",
+                      "return observations inside observation_space(seat) (dtype, shape, bounds)")
         bad = {a: r for a, r in rewards.items() if not isinstance(r, (float, int, np.floating, np.integer))}
         if bad:
-            _fail(name, f"step {step}: rewards {_short(bad)} are not numbers", "return float rewards per seat")
-    _fail(name, f"the episode did not end within {_MAX_EPISODE_STEPS} steps", "end episodes at max_steps")
+            _fail(name, f"{when}: rewards {_short(bad)} are not numbers", "return float rewards per seat")
 
 
-def _rollout(check: str, env: Any, seed: int, steps: int) -> list[Any]:
-    """Reset with ``seed`` and take ``steps`` seeded steps (resetting with new seeds after an episode ends)."""
+_Record = list[tuple[str, int, tuple[Any, ...]]]
+
+
+def _rollout(check: str, env: Any, seed: int, steps: int) -> _Record:
+    """Reset with ``seed`` and take ``steps`` seeded steps (resetting with new seeds after an episode ends).
+
+    Returns:
+        Records ``(kind, iteration, values)``, with values named by :data:`_RECORD_FIELDS`.
+    """
     obs, infos = _reset(check, env, seed)
-    record: list[Any] = [("reset", obs, infos, getattr(env, "user_seed", None))]
+    record = [("reset", -1, (obs, infos, getattr(env, "user_seed", None)))]
     for step in range(steps):
         if not env.agents:
-            record.append(("transcript", _transcript(env)))
+            record.append(("transcript", step, (_transcript(env),)))
             obs, infos = _reset(check, env, seed + step + 1)
-            record.append(("reset", obs, infos, getattr(env, "user_seed", None)))
+            record.append(("reset", step, (obs, infos, getattr(env, "user_seed", None))))
             continue
         actions = _sample_actions(env, step)
-        record.append(("step", actions, *_step(check, env, actions)))
-    record.append(("transcript", _transcript(env)))
+        record.append(("step", step, (actions, *_step(check, env, actions))))
+    record.append(("transcript", steps, (_transcript(env),)))
     return record
+
+
+def _rollout_difference(a: _Record, b: _Record) -> str | None:
+    """Where two rollouts first differ, as ``iteration 3 (step), rewards['persuader']: 0.0 != 1.0``."""
+    for (kind, step, x), (other, _, y) in zip(a, b, strict=False):
+        where = "the first reset" if step < 0 else f"iteration {step} ({kind})"
+        if kind != other:
+            return f"{where}: one env did {kind}, the other {other}"
+        found = _fields_difference(x, y, _RECORD_FIELDS[kind])
+        if found:
+            return f"{where}, {found}"
+    return None if len(a) == len(b) else f"the number of records: {len(a)} != {len(b)}"
 
 
 def check_determinism(env_or_factory: Any, *, seed: int = 0, steps: int = 12, min_steps: int | None = None) -> None:
@@ -356,12 +411,12 @@ def check_determinism(env_or_factory: Any, *, seed: int = 0, steps: int = 12, mi
     factory = _env_factory(env_or_factory)
     a = _rollout(name, _make_env(name, factory), seed, steps)
     b = _rollout(name, _make_env(name, factory), seed, steps)
-    found = _first_difference(a, b)
+    found = _rollout_difference(a, b)
     if found:
-        _fail(name, f"two envs reset with seed={seed} and given the same actions differ at record{found}",
+        _fail(name, f"two envs reset with seed={seed} and given the same actions differ at {found}",
               "draw every random choice from the generator seeded by reset(seed=...) (self.np_random or "
               "generators derived from it); no global random/np.random, unseeded generators, clocks or set order")
-    taken = sum(1 for r in a if r[0] == "step")
+    taken = sum(1 for kind, *_ in a if kind == "step")
     needed = max(1, steps - 2) if min_steps is None else min_steps
     if taken < needed:
         _fail(name, f"only {taken} of {steps} iterations were steps (episodes ended too early); need {needed}",
@@ -384,9 +439,9 @@ def check_pickle(env_or_factory: Any, *, seed: int = 0) -> None:
     if _transcript(clone) != _transcript(env):
         _fail(name, "the unpickled env has a different transcript", "pickle the transcript with the env")
     actions = _sample_actions(env, 1)
-    found = _first_difference(_step(name, clone, actions), _step(name, env, actions))
+    found = _fields_difference(_step(name, clone, actions), _step(name, env, actions), _STEP_FIELDS)
     if found:
-        _fail(name, f"after the same action the clone and the original differ at step result{found}",
+        _fail(name, f"after the same action the clone and the original differ: {found}",
               "pickle every piece of episode state, including random generators")
 
 
@@ -456,15 +511,18 @@ def check_off_turn_ignored(env_or_factory: Any, *, seed: int = 0, steps: int = 4
             _fail(name, f"step {step}: info[{other!r}] flags an off-turn action although none was given",
                   "only flag non-empty actions of the seat not to act")
         b[4].get(other, {}).pop("off_turn_action_ignored", None)
-        found = _first_difference(a, b) or _first_difference(_transcript(plain), _transcript(noisy))
+        found = _fields_difference(a, b, _STEP_FIELDS) or _first_difference(
+            _transcript(plain), _transcript(noisy), "transcript")
         if found:
-            _fail(name, f"step {step}: an off-turn action by {other!r} changed the result at{found}",
+            _fail(name, f"step {step}: an off-turn action by {other!r} changed {found}",
                   "ignore every action but the acting seat's (env.to_act)")
 
 
 def check_misuse_raises(env_or_factory: Any, *, seed: int = 0) -> None:
-    """Misuse raises a clear error: stepping before reset or after the episode ended (``RuntimeError``),
-    omitting the acting seat (``ValueError``), naming an unknown seat (``KeyError``).
+    """Misuse of ``step`` raises a clear error instead of being accepted.
+
+    Stepping before ``reset`` or after the episode ended raises ``RuntimeError`` (saying "reset"),
+    omitting the acting seat ``ValueError`` (naming it), naming an unknown seat ``KeyError`` (naming it).
 
     Raises:
         AssertionError: If misuse is silently accepted or raises the wrong error.
@@ -539,11 +597,11 @@ def check_bad_action(env_or_factory: Any, *, seed: int = 0, steps: int = 12, bad
                       "count a rejected action as one step towards the cap")
             ended = terms.get(seat) or truncs.get(seat)
             if not ended and env.to_act != seat:
-                _fail(name, f"after {seat!r}'s rejected action to_act is {env.to_act!r}",
+                _fail(name, f"after a rejected action by {seat!r}, to_act is {env.to_act!r}",
                       "let the seat whose action was rejected act again")
             view = _json_view(obs.get(seat))
             if view is not None and "error" in view and not view["error"]:
-                _fail(name, f"{seat!r}'s text observation after a rejected action has error={view['error']!r}",
+                _fail(name, f"the text observation for {seat!r} after a rejected action has error={view['error']!r}",
                       "show the rejection in the seat's next observation (text_observation does, from last_error)")
             if len(tested) == len(env.possible_agents):
                 return
@@ -722,7 +780,7 @@ def _batched_run(check: str, sim: Any, envs: list[Any], *, seed: int, episodes: 
                 if not isinstance(actions, (list, tuple)) or len(actions) != len(pending):
                     _fail(check, f"act_batch(..., slots={pending}) returned {_short(actions)}, "
                           f"not {len(pending)} actions", fix_batch)
-                for i, action in zip(pending, actions):
+                for i, action in zip(pending, actions, strict=True):
                     _check_action(check, envs[i], action, f"episode {episode}, slot {i}, user turn {turns[i]}")
                     run.actions.append((episode, i, turns[i], action))
                     turns[i] += 1
@@ -755,11 +813,11 @@ def _require_user_turns(check: str, turns: int) -> None:
 
 
 def check_simulator_spec(simulator_or_factory: Any, env_id_or_factory: Any, *, seed: int = 0,
-                         episodes: int = 1, slots: int = 2, policy: Policy | None = None) -> None:
+                         episodes: int = 1, slots: int = 1, policy: Policy | None = None) -> None:
     """``spec`` has ``kind``, ``model``, ``personas``, ``decoding``; ``str(spec)`` is stable across calls and use.
 
-    Stable means: the same on every access, after playing ``episodes`` episodes, for a second simulator
-    from the same factory, and free of object addresses.
+    Stable means: the same on every access, after playing ``episodes`` episodes of ``slots`` dialogues,
+    for a second simulator from the same factory, and free of object addresses.
 
     Raises:
         AssertionError: If the spec is missing attributes or its string changes.
@@ -856,10 +914,10 @@ def check_simulator_slot0(simulator_or_factory: Any, env_id_or_factory: Any, *, 
             env = _make_env(name, env_factory)
             runs.append(_single_run(name, _new_simulator(name, factory, env), env, seed=seed + episode, batch=batch,
                                     policy=policy))
-        found = _first_difference(runs[0], runs[1])
+        found = _first_difference(runs[0], runs[1], "user actions")
         if found:
-            _fail(name, f"seed {seed + episode}: act() and act_batch(..., [0]) answered differently at user "
-                  f"turn{found}", "act(obs) must be act_batch([obs], [0])[0] and reset(s, rng) must be "
+            _fail(name, f"seed {seed + episode}: act() and act_batch(..., [0]) answered differently: {found}",
+                  "act(obs) must be act_batch([obs], [0])[0] and reset(s, rng) must be "
                   "reset_batch([s], [rng]) (the Simulator base class defines them so; do not override them apart)")
         turns += len(runs[0])
     _require_user_turns(name, turns)
@@ -880,12 +938,12 @@ def check_simulator_determinism(simulator_or_factory: Any, env_id_or_factory: An
         runs.append(_batched_run(name, _new_simulator(name, factory, envs[0]), envs, seed=seed, episodes=episodes,
                                  policy=policy or _default_policy))
     first, second = runs[0].actions, runs[1].actions
-    found = next(((a[:3], d) for a, b in zip(first, second) if (d := _first_difference(a, b))), None)
+    found = next((f"(episode, slot, user turn) = {x[:3]}: {d}" for x, y in zip(first, second, strict=False)
+                  if (d := _first_difference(x[3], y[3], "action") or _first_difference(x[:3], y[:3], "order"))), None)
     if found is None and len(first) != len(second):
-        found = ("the end", f": {len(first)} user actions != {len(second)}")
+        found = f"the end: {len(first)} user actions != {len(second)}"
     if found:
-        _fail(name, f"two runs with seed={seed} differ at (episode, slot, user turn) {found[0]}, (..., action)"
-              f"{found[1]}",
+        _fail(name, f"two runs with seed={seed} differ at {found}",
               "draw every random choice from the generators given to reset_batch/reset (no global random/np.random, "
               "unseeded generators or clocks) and discard all per-dialogue state in reset_batch")
     _require_user_turns(name, runs[0].user_turns)

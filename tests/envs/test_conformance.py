@@ -34,8 +34,10 @@ CHECK_KWARGS: dict[str, dict[str, Any]] = {
     "determinism": {"seed": 7, "steps": 12, "min_steps": 10},
     "pickle": {"seed": 3},
 }
-#: Simulator-check settings: one episode per run keeps the τ² and CooperBench ids to seconds.
+#: Simulator-check settings: one episode per run keeps the τ² and CooperBench ids to seconds (the spec check
+#: only needs the simulator to have played, so one dialogue).
 SIMULATOR_KWARGS: dict[str, Any] = {"seed": 0, "episodes": 1, "slots": 3}
+SIMULATOR_CHECK_KWARGS: dict[str, dict[str, Any]] = {"spec": {"slots": 1}}
 
 
 def env_factory(env_id: str) -> Callable[[], Any]:
@@ -74,5 +76,5 @@ def test_single_agent_view_passes_gymnasium_checker(env_id):
 @pytest.mark.parametrize("env_id", SIMULATED)
 def test_native_simulator_conforms(env_id, check):
     policy = POLICIES.get(spec(env_id).entry_point)
-    testing.SIMULATOR_CHECKS[check](load(spec(env_id).default_simulator), env_factory(env_id), policy=policy,
-                                    **SIMULATOR_KWARGS)
+    kwargs = {**SIMULATOR_KWARGS, **SIMULATOR_CHECK_KWARGS.get(check, {})}
+    testing.SIMULATOR_CHECKS[check](load(spec(env_id).default_simulator), env_factory(env_id), policy=policy, **kwargs)

@@ -6,11 +6,14 @@ import math
 
 import pytest
 
+import numpy as np
+
+from simpop.agents.policy import ActPolicy
 from simpop.envs import make
 from simpop.envs.persuasion.simulators import ActPersuadee
-from simpop.evaluation.panel import evaluate
+from simpop.evaluation.panel import evaluate, policy_entropy
+from simpop.rollout import RolloutEngine
 from simpop.simulators.population import Panel
-from simpop.train.grpo import ActPolicy
 
 ENV = "simpop/PersuasionAct-v0"
 
@@ -30,3 +33,27 @@ def test_panel_evaluation_per_member_and_entropy():
 def test_episodes_must_be_positive():
     with pytest.raises(ValueError, match="episodes"):
         evaluate(ENV, ActPolicy.for_env(make(ENV)), ActPersuadee(), episodes=0)
+
+
+def test_policy_entropy_is_the_policys_own_measure_or_nan():
+    policy = ActPolicy.for_env(make(ENV), seed=0)
+    trajectories = RolloutEngine(ENV, policy, ActPersuadee()).collect(6, seed=2)
+    assert policy_entropy(policy, trajectories) == policy.entropy(trajectories)
+    # By hand: the mean entropy of the action distribution at the policy's own decisions.
+    obs = [o for t in trajectories for o in t.observations[t.policy_seat]]
+    log_p = policy.log_probs(obs).detach().numpy()
+    assert policy_entropy(policy, trajectories) == pytest.approx(float(-(np.exp(log_p) * log_p).sum(1).mean()))
+    assert math.isnan(policy_entropy(policy, []))
+
+
+class Scripted:
+    """A policy with no entropy method (a scripted agent): always the first act."""
+
+    def act_batch(self, observations, rng):
+        return [0] * len(observations)
+
+
+def test_policies_without_entropy_report_nan():
+    result = evaluate(ENV, Scripted(), ActPersuadee(), episodes=4, seed=1)
+    assert result.episodes == 4 and 0 <= result.success <= 1 and math.isnan(result.entropy)
+    assert math.isnan(policy_entropy(Scripted(), []))

@@ -8,10 +8,22 @@ import shutil
 import pytest
 
 from simpop.cli import main
+from simpop.envs import make
 from simpop.envs.persuasion.personas import modal_persona
-from simpop.experiments.collapse import CONDITIONS, CollapseConfig, build_panel, build_run, heldout_personas, run_collapse
+from simpop.envs.persuasion.simulators import ActPersuadee, TextPersuadee
+from simpop.envs.persuasion.trainable import TrainableActPersuadee
 from simpop.evaluation.metrics import WALL_CLOCK_KEYS
 from simpop.evaluation.report import SUMMARY_METRICS
+from simpop.experiments.collapse import (CONDITIONS, PANEL_TEMPERATURES, CollapseConfig, build_panel, build_trainer,
+                                         panel_specs, run_collapse, simulator_specs)
+from simpop.seat import SimulatorSpec
+from simpop.simulators.llm import LLMSimulator
+from simpop.simulators.population import PanelOverlapError, leaf_simulators
+from simpop.simulators.registry import build_many
+from simpop.simulators.trainable import TrainableLLMSimulator
+from simpop.simulators.verbalized import Renormalised, VerbalizedSimulator
+from simpop.train.cotrain import CoTrainer
+from tests.simulators.fakes import FakeBackend, FakeTrainableBackend
 
 TINY = dict(seeds=2, updates=2, eval_every=1, eval_episodes=4, group_size=2, scenarios_per_update=2, max_turns=4,
             population_size=2, pool_size=2, snapshot_every=1, heldout_personas=40, workers=1)
@@ -75,16 +87,55 @@ def test_resume_completes_only_missing_work(finished, tmp_path):
 
 def test_condition_simulators_and_panel():
     config = CollapseConfig(**TINY)
-    frozen = build_run("frozen", config, 0, {}).training_simulator
-    assert frozen.decoding == "greedy" and frozen.persona_override == modal_persona()
-    verbalized = build_run("verbalized", config, 0, {}).training_simulator
-    assert verbalized.verbalized == (config.verbalized_floor, config.verbalized_tau)
-    population = build_run("population", config, 0, {})
-    panel = build_panel(config)
-    panel.check_disjoint(population.training_leaves + [frozen, verbalized])  # raises if not held out
-    personas = heldout_personas(config)
+    env = make(config.env_id, **config.env_kwargs())
+    frozen = build_trainer("frozen", config, 0, env).training_simulator
+    assert type(frozen) is ActPersuadee and frozen.decoding == "greedy" and frozen.personas == [modal_persona()]
+    verbalized = build_trainer("verbalized", config, 0, env).training_simulator
+    assert isinstance(verbalized, Renormalised) and type(verbalized.inner) is ActPersuadee
+    assert (verbalized.floor, verbalized.tau) == (config.verbalized_floor, config.verbalized_tau)
+    assert verbalized.inner.personas is None  # the training persona set: each scenario's own persona
+    population = build_trainer("population", config, 0, env)
+    assert isinstance(population, CoTrainer) and len(population.simulators) == config.population_size
+    assert all(type(s) is TrainableActPersuadee for s in population.simulators)
+    panel = build_panel(config, env)
+    panel.check_disjoint([population.training_simulator, frozen, verbalized])  # raises if not held out
+    personas = env.persona_set(f"heldout-{config.heldout_personas}-{config.heldout_seed}")
     assert modal_persona() not in personas and len(personas) > 30
-    assert {m.temperature for _, m in panel} == {0.8, 0.9, 1.2}
+    assert all(m.personas == list(personas) for _, m in panel)
+    assert {m.temperature for _, m in panel} == set(PANEL_TEMPERATURES) == {0.8, 0.9, 1.2}
+    assert len({m.model.params for _, m in panel}) == len(PANEL_TEMPERATURES)  # three held-out models
+
+
+def _fake_text_backends(config):
+    """Backends the text-level specs name, faked (building specs loads no model)."""
+    model = config.sim_model or config.model
+    return {model: FakeBackend(name=model), f"trainable:{model}": FakeTrainableBackend(name=model)}
+
+
+@pytest.mark.parametrize("level", ["act", "text"])
+def test_every_conditions_specs_build_simulators_held_out_from_the_panel(level):
+    config = CollapseConfig(level=level, **TINY)
+    env = make(config.env_id, **config.env_kwargs())
+    backends = _fake_text_backends(config) if level == "text" else {}
+    panel = build_panel(config, env)
+    assert list(panel.members) == list(panel_specs(config)) and panel.name == "p4g-heldout"
+    assert all(type(m) is (ActPersuadee if level == "act" else TextPersuadee) for _, m in panel)
+    kinds = {"act": {"frozen": ActPersuadee, "verbalized": Renormalised, "cotrain": TrainableActPersuadee,
+                     "population": TrainableActPersuadee},
+             "text": {"frozen": LLMSimulator, "verbalized": VerbalizedSimulator, "cotrain": TrainableLLMSimulator,
+                      "population": TrainableLLMSimulator}}[level]
+    for condition in CONDITIONS:
+        specs = simulator_specs(condition, config)
+        assert len(specs) == (config.population_size if condition == "population" else 1)
+        simulators = build_many(specs, env, backends)
+        assert [s.name for s in simulators] == list(specs)
+        assert all(type(s) is kinds[condition] for s in simulators)
+        for s in leaf_simulators(simulators) + [m for _, m in panel]:
+            assert SimulatorSpec.parse(str(s.spec)) == s.spec
+        panel.check_disjoint(simulators)  # raises PanelOverlapError if any member is not held out
+        # ... which it would if training shared a panel member's model, decoding and personas.
+        with pytest.raises(PanelOverlapError):
+            panel.check_disjoint(simulators + build_many(list(panel_specs(config).values())[:1], env))
 
 
 def test_config_validation():

@@ -80,3 +80,41 @@ class EchoSimulator(Simulator):
     @property
     def spec(self) -> SimulatorSpec:
         return SimulatorSpec("scripted", self.model, self.personas, self.decoding)
+
+
+@dataclass
+class FakeTrainableBackend(FakeBackend):
+    """A :class:`FakeBackend` with a trainable backend's adapter bookkeeping (enough to build ``trainable:MODEL``).
+
+    ``adapters`` maps each added adapter's name to its ``(r, alpha)``.
+    """
+
+    adapters: dict[str, tuple[int, int]] = field(default_factory=dict)
+    active_adapter: str | None = None
+
+    @property
+    def adapter_names(self) -> list[str]:
+        return list(self.adapters)
+
+    def add_adapter(self, name: str, r: int = 8, alpha: int = 16, **options: Any) -> None:
+        self.adapters[name] = (r, alpha)
+        self.active_adapter = name
+
+    def set_adapter(self, name: str) -> None:
+        self.active_adapter = name
+
+
+class SpecEcho(EchoSimulator):
+    """A simulator of a kind registered by a test: built by :meth:`from_spec`, its spec is the one it was built from."""
+
+    def __init__(self, built_from: SimulatorSpec, env: Any):
+        super().__init__("spec-echo")
+        self.built_from, self.env = built_from, env
+
+    @classmethod
+    def from_spec(cls, spec: SimulatorSpec, context: Any) -> SpecEcho:
+        return cls(spec, context.env)
+
+    @property
+    def spec(self) -> SimulatorSpec:
+        return self.built_from

@@ -1,23 +1,26 @@
-"""Trainable act-level persuadee: records, the torch replay against the numpy model, snapshots."""
+"""Trainable act-level persuadee (:mod:`simpop.envs.persuasion.trainable`): records, the torch replay against the
+numpy model, snapshots, and its ``trainable:persuadee`` spec."""
 
 from __future__ import annotations
 
 import numpy as np
+import pytest
 import torch
 
+from simpop.agents.policy import ActPolicy
+from simpop.envs import make
 from simpop.envs.persuasion.acts import ASKING_ACTS, PERSUADEE_ACTS, PERSUADER_ACTS
 from simpop.envs.persuasion.model import AMOUNT_LEVELS
-from simpop.simulators.population import CheckpointPool
-from simpop.simulators.trainable import REFUSE, TrainableActPersuadee, replay
-from simpop.train.grpo import ActPolicy
+from simpop.envs.persuasion.trainable import REFUSE, TrainableActPersuadee, replay
 from simpop.rollout import RolloutEngine
+from simpop.seat import SimulatorSpec, Trainable
+from simpop.simulators.population import CheckpointPool
+from simpop.simulators.registry import build_simulator
 
 ENV = "simpop/PersuasionAct-v0"
 
 
 def _collect(sim, n=16, seed=0):
-    from simpop.envs import make
-
     policy = ActPolicy.for_env(make(ENV), seed=seed)
     return RolloutEngine(ENV, policy, sim).collect(n, group_size=1, seed=seed)
 
@@ -34,8 +37,10 @@ def test_records_one_episode_per_dialogue_with_every_reply():
     assert sim.episodes == []
 
 
-def test_replay_matches_the_numpy_model():
-    sim = TrainableActPersuadee(name="t")
+@pytest.mark.parametrize("spec", [None, "trainable:persuadee?personas=heldout-60-1",
+                                  "trainable:persuadee:heldout-1?temperature=0.8&personas=modal"])
+def test_replay_matches_the_numpy_model(spec):
+    sim = TrainableActPersuadee(name="t") if spec is None else build_simulator(spec, env=make(ENV))
     _collect(sim, n=24, seed=3)
     incl, decision, response = replay(sim.theta.detach(), sim.episodes, sim.temperature)
     with torch.no_grad():
@@ -68,7 +73,7 @@ def test_gradient_reaches_the_decision_parameters_and_kl_grows_off_base():
     with torch.no_grad():
         sim.theta[0] += 1.0
     sim.after_step()
-    assert sim.params.intercept == float(sim.theta[0])
+    assert sim.params.intercept == float(sim.theta[0].detach())
     assert float(sim.score(sim.episodes).kl.sum()) > 0
 
 
@@ -95,3 +100,34 @@ def test_snapshot_is_frozen_and_independent():
     assert frozen.name == "t@7" and frozen.params.intercept == sim.params.intercept
     _collect(frozen, n=4)
     assert frozen.episodes == []  # snapshots keep no records (they are never trained)
+
+
+def test_records_the_persona_each_dialogue_plays():
+    """With a persona set, the recorded persona is the one drawn for the slot, not the scenario's."""
+    env = make(ENV)
+    sim = build_simulator("trainable:persuadee?personas=heldout-60-1", env=env)
+    scenario = env.load_scenario(env.scenario_ids()[0])
+    sim.reset_batch([scenario] * 8, [np.random.default_rng(i) for i in range(8)])
+    played = [e.persona for e in sim.episodes]
+    assert all(p in sim.personas and p != scenario.persona for p in played) and len(set(played)) > 1
+    for slot, persona in enumerate(played):
+        assert sim.state(slot) == sim.model.initial_state(persona)
+
+
+def test_trainable_persuadee_spec_builds_and_round_trips():
+    env = make(ENV)
+    sim = build_simulator("trainable:persuadee", env=env)
+    assert type(sim) is TrainableActPersuadee and isinstance(sim, Trainable) and sim.name == "trainable:persuadee"
+    assert sim.decoding == "sample" and sim.temperature == 1.0 and sim.personas is None
+    assert sim.spec == SimulatorSpec.parse("trainable:persuadee:base")
+    assert SimulatorSpec.parse(str(sim.spec)) == sim.spec
+    assert build_simulator(str(sim.spec), env=env).spec == sim.spec
+    held = build_simulator("trainable:persuadee:heldout-2?temperature=0.5&personas=modal", env=env)
+    assert held.temperature == 0.5 and held.spec.model == "persuadee:heldout-2" and held.spec.personas == "modal"
+    assert held.base != sim.base  # the held-out model's parameters start (and anchor) the trainable one
+    assert SimulatorSpec.parse(str(held.spec)) == held.spec
+    assert build_simulator("trainable:persuadee").spec == sim.spec  # the env is needed only for persona sets
+    with pytest.raises(ValueError, match="samples"):
+        build_simulator("trainable:persuadee?decoding=greedy", env=env)
+    with pytest.raises(ValueError, match="act-level persuadee"):
+        build_simulator("trainable:persuadee", env=make("simpop/Persuasion-v0"))

@@ -12,9 +12,10 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from simpop.agents.base import SamplingParams
-from simpop.simulators.verbalized import VERBALIZED_INSTRUCTIONS, ParseResult, VerbalizedSimulator, \
+from simpop.seat import Simulator, SimulatorSpec
+from simpop.simulators.verbalized import VERBALIZED_INSTRUCTIONS, ParseResult, Renormalised, VerbalizedSimulator, \
     parse_verbalized, renormalise
-from tests.simulators.fakes import PHRASES, FakeBackend, FakeScenario, observation, verbalized_json
+from tests.simulators.fakes import PHRASES, EchoSimulator, FakeBackend, FakeScenario, observation, verbalized_json
 
 
 def assert_valid(result: ParseResult, k: int) -> None:
@@ -228,3 +229,48 @@ def test_spec_and_validation():
     for bad in [dict(k=0), dict(tau=0), dict(floor=1.5)]:
         with pytest.raises(ValueError):
             VerbalizedSimulator(FakeBackend(), **bad)
+
+
+class Stated(Simulator):
+    """A simulator stating a fixed distribution over three actions; it counts the commits per slot."""
+
+    name = "stated"
+    options = [("a", 0.7), ("b", 0.25), ("c", 0.05)]
+
+    def reset_batch(self, scenarios, rngs):
+        self.rngs, self.committed = list(rngs), [[] for _ in rngs]
+
+    def act_batch(self, observations, slots):
+        raise AssertionError("a renormalised simulator draws from the stated distribution; it never calls act")
+
+    def distribution(self, observation, slot=0):
+        return list(self.options)
+
+    def commit(self, observation, slot, action):
+        self.committed[slot].append((observation, action))
+
+    def slot_rng(self, slot):
+        return self.rngs[slot]
+
+    @property
+    def spec(self):
+        return SimulatorSpec("stated", "table", "p", {"temperature": 1.0})
+
+
+def test_renormalised_draws_from_the_renormalised_distribution_with_the_slot_generator():
+    sim = Renormalised(Stated(), floor=0.1, tau=0.5)
+    assert sim.name == "verbalized-stated"
+    expected = renormalise([0.7, 0.25, 0.05], 0.1, 0.5)
+    assert sim.distribution("obs") == list(zip("abc", expected))
+    sim.reset_batch([FakeScenario()] * 300, [np.random.default_rng([1, i]) for i in range(300)])
+    actions = sim.act_batch(["obs"] * 300, list(range(300)))
+    assert actions == ["abc"[int(np.random.default_rng([1, i]).choice(3, p=expected))] for i in range(300)]
+    assert Counter(actions)["c"] / 300 == pytest.approx(expected[2], abs=0.05)
+    assert all(sim.inner.committed[i] == [("obs", a)] for i, a in enumerate(actions))
+    assert sim.slot_rng(7) is sim.inner.rngs[7]
+    assert sim.spec == SimulatorSpec("verbalized", "stated:table", "p", {"temperature": 1.0, "floor": 0.1, "tau": 0.5})
+    with pytest.raises(TypeError, match="does not state its distribution"):
+        Renormalised(EchoSimulator("e"))
+    for bad in [dict(floor=1.0), dict(tau=0.0)]:
+        with pytest.raises(ValueError):
+            Renormalised(Stated(), **bad)

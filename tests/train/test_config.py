@@ -9,8 +9,11 @@ from typing import Literal
 
 import pytest
 
+from simpop.agents.policy import ModelConfig
 from simpop.train.config import add_arguments, build, field_docs, save_yaml
 from simpop.train.grpo import GRPOConfig
+from simpop.train import objectives
+from simpop.train.loop import LoopConfig
 
 
 @dataclass(frozen=True)
@@ -37,10 +40,11 @@ class Demo:
     sizes: tuple[int, ...] = (1, 2)
 
 
-def _parser(cls=Demo):
+def _parser(*classes):
     parser = argparse.ArgumentParser()
     parser.add_argument("--config")
-    add_arguments(parser, cls)
+    for cls in classes or (Demo,):
+        add_arguments(parser, cls)
     return parser
 
 
@@ -86,20 +90,53 @@ def test_yaml_then_flags_win(tmp_path):
 
 
 def test_grpo_config_flags_cover_every_field():
-    parser = _parser(GRPOConfig)
-    config = build(GRPOConfig, parser.parse_args(["--group-size", "8", "--lora", "--kl-coef", "0.1",
-                                                  "--n-envs", "none"]))
-    assert config.group_size == 8 and config.lora and config.kl_coef == 0.1 and config.n_envs is None
-    assert set(field_docs(GRPOConfig)) == {f.name for f in dataclasses.fields(GRPOConfig)}
+    # GRPO's flags come from its algorithm config, the model config and the loop config (disjoint names).
+    parser = _parser(GRPOConfig, ModelConfig, LoopConfig)
+    args = parser.parse_args(["--group-size", "8", "--lora", "--kl-coef", "0.1", "--n-envs", "none",
+                              "--algorithm", "dapo", "--clip-eps-high", "0.3", "--loss-aggregation", "token-sum",
+                              "--save-every", "5", "--no-tensorboard"])
+    config, model, loop = build(GRPOConfig, args), build(ModelConfig, args), build(LoopConfig, args)
+    assert config.group_size == 8 and config.kl_coef == 0.1 and config.n_envs is None
+    assert (config.algorithm, config.clip_eps_high, config.loss_aggregation) == ("dapo", 0.3, "token-sum")
+    assert model.lora and model == ModelConfig(lora=True)
+    assert loop == LoopConfig(save_every=5, tensorboard=False)
+    for cls in (GRPOConfig, ModelConfig, LoopConfig):
+        assert set(field_docs(cls)) == {f.name for f in dataclasses.fields(cls)}
+    with pytest.raises(SystemExit):
+        parser.parse_args(["--loss-aggregation", "token-max"])
+
+
+def test_grpo_config_objective_applies_overrides():
+    assert GRPOConfig().objective() == objectives.algorithm("grpo")
+    assert GRPOConfig(algorithm="dapo").objective() == objectives.algorithm("dapo")
+    dapo = GRPOConfig(algorithm="dapo", clip_eps=0.1, loss_aggregation="sequence-mean").objective()
+    assert (dapo.eps_low, dapo.eps_high, dapo.aggregation, dapo.dynamic_sampling) == (0.1, 0.28, "sequence-mean", True)
+    assert GRPOConfig(clip_eps_high=0.3).objective().eps_high == 0.3
+    assert GRPOConfig(group_size=3, scenarios_per_update=5).batch_size == 15
 
 
 @pytest.mark.parametrize(("field", "value", "hint"), [
     ("group_size", 1, "group_size must be >= 2"), ("scenarios_per_update", 0, "scenarios_per_update"),
     ("lr", -1.0, "lr must be a positive number"), ("clip_eps", 1.5, "clip_eps must be in"),
+    ("clip_eps_high", 0.0, "clip_eps_high must be in"), ("algorithm", "ppo", "algorithm must be one of"),
+    ("loss_aggregation", "token-max", "loss_aggregation must be one of"),
+    ("max_refill_rounds", -1, "max_refill_rounds"),
     ("kl_coef", -0.1, "kl_coef must be >= 0"), ("epochs", 0, "epochs"), ("temperature", 0.0, "use 1.0"),
-    ("top_p", 0.0, "top_p"), ("max_new_tokens", 0, "max_new_tokens"), ("dtype", "float16", "dtype"),
-    ("lora_r", 0, "lora_r"), ("n_envs", 0, "n_envs"), ("micro_batch_size", 0, "micro_batch_size"),
+    ("top_p", 0.0, "top_p"), ("max_new_tokens", 0, "max_new_tokens"),
+    ("n_envs", 0, "n_envs"), ("micro_batch_size", 0, "micro_batch_size"),
 ])
 def test_grpo_config_errors_say_how_to_fix(field, value, hint):
     with pytest.raises(ValueError, match=hint):
         GRPOConfig(**{field: value})
+
+
+@pytest.mark.parametrize(("cls", "field", "value", "hint"), [
+    (ModelConfig, "dtype", "float16", "dtype"), (ModelConfig, "lora_r", 0, "lora_r"),
+    (ModelConfig, "lora_alpha", 0, "lora_alpha"), (ModelConfig, "hidden_size", 0, "hidden_size"),
+    (ModelConfig, "adapter", "a.b", "adapter"),
+    (LoopConfig, "save_every", 0, "save_every must be >= 1"), (LoopConfig, "keep_checkpoints", 0, "keep_checkpoints"),
+    (LoopConfig, "eval_every", 0, "eval_every"),
+])
+def test_model_and_loop_config_errors_say_how_to_fix(cls, field, value, hint):
+    with pytest.raises(ValueError, match=hint):
+        cls(**{field: value})

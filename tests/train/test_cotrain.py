@@ -12,12 +12,14 @@ import torch
 from simpop.envs import make
 from simpop.envs.persuasion.acts import PERSUADER_ACTS
 from simpop.envs.persuasion.model import PersuadeeParams
-from simpop.simulators.population import CheckpointPool, Population
-from simpop.simulators.trainable import TrainableActPersuadee
-from simpop.train.cotrain import (CoTrainConfig, CoTrainer, simulator_advantages, simulator_objective,
-                                  training_simulator)
-from simpop.train.grpo import ActPolicy, Batch, GRPOConfig
+from simpop.agents.policy import ActPolicy
+from simpop.envs.persuasion.trainable import TrainableActPersuadee
 from simpop.rollout import RolloutEngine
+from simpop.simulators.population import CheckpointPool, Population
+from simpop.simulators.registry import build_simulator
+from simpop.train.cotrain import (CoTrainConfig, CoTrainer, simulator_advantages, simulator_objective,
+                                  training_population)
+from simpop.train.grpo import Batch, GRPOConfig, GRPOTrainer
 
 ENV = "simpop/PersuasionAct-v0"
 GRPO = GRPOConfig(group_size=4, scenarios_per_update=4, seed=0)
@@ -25,6 +27,10 @@ GRPO = GRPOConfig(group_size=4, scenarios_per_update=4, seed=0)
 
 def _policy(seed: int = 0) -> ActPolicy:
     return ActPolicy.for_env(make(ENV), seed=seed)
+
+
+def _cotrainer(sims, config: CoTrainConfig, grpo: GRPOConfig = GRPO) -> CoTrainer:
+    return CoTrainer(GRPOTrainer(ENV, _policy(), None, grpo), sims, config)
 
 
 @pytest.mark.parametrize("kwargs, message", [
@@ -57,7 +63,9 @@ def test_simulator_advantages_are_the_objective_gradient():
 def test_one_update_changes_simulator_parameters_and_logs_loss():
     sim = TrainableActPersuadee(name="sim")
     before = sim.theta.detach().clone()
-    trainer = CoTrainer(ENV, _policy(), [sim], GRPO, CoTrainConfig())
+    trainer = _cotrainer([sim], CoTrainConfig())
+    assert trainer.training_simulator is sim and trainer.policy_trainer.training_simulator is sim
+    assert trainer.policy is trainer.policy_trainer.policy
     metrics = trainer.step()
     assert {"sim_loss", "sim_kl", "sim_success", "sim_objective", "reward_mean", "zero_var_frac"} <= set(metrics)
     assert np.isfinite(metrics["sim_loss"])
@@ -90,7 +98,7 @@ def _success_after(sim, trainer, updates, seed0):
 def test_simulator_objective_moves_batch_success_toward_half(intercept):
     """An easy (intercept +2) or hard (-4) persuadee is steered towards 50% against a fixed persuader."""
     sim = TrainableActPersuadee(dataclasses.replace(PersuadeeParams(), intercept=intercept), name="sim")
-    trainer = CoTrainer(ENV, _policy(), [sim], GRPO, CoTrainConfig(sim_lr=0.1, sim_kl_coef=0.0))
+    trainer = _cotrainer([sim], CoTrainConfig(sim_lr=0.1, sim_kl_coef=0.0))
     rates = _success_after(sim, trainer, 30, seed0=100)
     start, end = np.mean(rates[:3]), np.mean(rates[-5:])
     assert abs(start - 0.5) > 0.3
@@ -100,7 +108,7 @@ def test_simulator_objective_moves_batch_success_toward_half(intercept):
 def test_population_cotraining_samples_its_checkpoint_pool():
     sims = [TrainableActPersuadee(name=f"sim{i}") for i in range(2)]
     config = CoTrainConfig(population_size=2, pool_size=3, pool_sample_prob=0.5, snapshot_every=1)
-    trainer = CoTrainer(ENV, _policy(), sims, dataclasses.replace(GRPO, scenarios_per_update=8), config)
+    trainer = _cotrainer(sims, config, dataclasses.replace(GRPO, scenarios_per_update=8))
     assert isinstance(trainer.simulator, Population) and isinstance(trainer.pool, CheckpointPool)
     assert [m.name for m in trainer.pool.members] == ["sim0@0", "sim1@0"]  # the base simulators
     metrics = [trainer.step() for _ in range(2)]
@@ -114,7 +122,7 @@ def test_resume_continues_exactly():
     def make_trainer():
         sims = [TrainableActPersuadee(name=f"sim{i}") for i in range(2)]
         config = CoTrainConfig(population_size=2, pool_size=2, pool_sample_prob=0.3, snapshot_every=1)
-        return CoTrainer(ENV, _policy(), sims, GRPO, config)
+        return _cotrainer(sims, config)
 
     first = make_trainer()
     for _ in range(2):
@@ -128,10 +136,55 @@ def test_resume_continues_exactly():
     assert [got[k] for k in keys] == [expected[k] for k in keys]
 
 
-def test_training_simulator_shapes():
+def test_training_population_shapes():
     sim = TrainableActPersuadee(name="a")
-    assert training_simulator([sim], CoTrainConfig())[0] is sim
+    assert training_population([sim], CoTrainConfig()) == (sim, None)
     with pytest.raises(ValueError, match="population_size"):
-        training_simulator([sim], CoTrainConfig(population_size=2))
+        training_population([sim], CoTrainConfig(population_size=2))
     with pytest.raises(ValueError, match="distinct names"):
-        CoTrainer(ENV, _policy(), [sim, TrainableActPersuadee(name="a")], GRPO, CoTrainConfig(population_size=2))
+        _cotrainer([sim, TrainableActPersuadee(name="a")], CoTrainConfig(population_size=2))
+    with pytest.raises(ValueError, match="frozen snapshot"):
+        _cotrainer([sim.snapshot()], CoTrainConfig())
+    with pytest.raises(ValueError, match="has no simulator"):  # a policy trainer left without one
+        GRPOTrainer(ENV, _policy(), None, GRPO).collect()
+
+
+def test_trainable_persuadee_spec_builds_the_cotrainable_simulator():
+    sim = build_simulator("trainable:persuadee", make(ENV), name="s0")
+    assert isinstance(sim, TrainableActPersuadee) and sim.name == "s0" and not sim.frozen
+    assert sim.params == TrainableActPersuadee().params
+    with pytest.raises(ValueError, match="drop decoding=greedy"):
+        build_simulator("trainable:persuadee?decoding=greedy", make(ENV))
+    with pytest.raises(ValueError, match="trainable:MODEL"):  # the act-level persuadee does not fit the text env
+        build_simulator("trainable:persuadee", make("simpop/Persuasion-v0"))
+
+
+def test_dynamic_sampling_cotrains_on_the_kept_dialogues_only():
+    """DAPO drops equal-reward groups; each simulator learns from the dialogues of the kept ones only."""
+    sims = [TrainableActPersuadee(name=f"sim{i}") for i in range(2)]
+    grpo = dataclasses.replace(GRPO, algorithm="dapo", max_refill_rounds=8)
+    trainer = _cotrainer(sims, CoTrainConfig(population_size=2), grpo)
+    scored = {s.name: [] for s in sims}
+    for sim in sims:
+        score = sim.score
+        sim.score = lambda episodes, score=score, name=sim.name: scored[name].append(list(episodes)) or score(episodes)
+    refilled = False
+    for _ in range(4):
+        for s in scored.values():
+            s.clear()
+        batch = trainer.policy_trainer.collect()
+        refilled |= len(batch.collected) > len(batch.trajectories)
+        metrics = trainer.update_simulators(batch)
+        assert np.isfinite(metrics["sim_loss"])
+        for sim in sims:
+            mine = [t for t in batch.trajectories if t.simulator == sim.name]
+            [episodes] = scored[sim.name]
+            assert len(episodes) == len(mine) and len(sim.episodes) == sum(
+                t.simulator == sim.name for t in batch.collected)
+            # the j-th scored dialogue is the j-th kept trajectory: the persuader acts it replied to match
+            assert [[act for act, _ in e.turns] for e in episodes] == [t.actions[t.policy_seat] for t in mine]
+        for sim in sims:
+            sim.clear()
+    assert refilled
+    metrics = trainer.step()  # the whole co-training update (it clears the records itself)
+    assert {"refill_rounds", "refill_shortfall", "sim_loss", "sim_success"} <= set(metrics)

@@ -8,9 +8,10 @@ import pytest
 import torch
 
 from simpop.agents.base import SamplingParams
+from simpop.agents.policy import LLMPolicy
 from simpop.simulators.trainable import TrainableLLMSimulator
 from simpop.train.cotrain import CoTrainConfig, CoTrainer
-from simpop.train.grpo import GRPOConfig, LLMPolicy
+from simpop.train.grpo import GRPOConfig, GRPOTrainer
 
 pytestmark = pytest.mark.slow
 ENV = "simpop/Persuasion-v0"
@@ -20,14 +21,15 @@ ENV_KWARGS = {"max_turns": 1}
 def test_llm_simulator_update_on_shared_rollouts_changes_its_adapter_only():
     from simpop.agents.transformers_backend import TransformersBackend
 
-    grpo = GRPOConfig(group_size=2, scenarios_per_update=2, max_new_tokens=4, seed=1, lora=True, lora_r=4, lora_alpha=8)
+    grpo = GRPOConfig(group_size=2, scenarios_per_update=2, max_new_tokens=4, seed=1)
     policy = LLMPolicy(TransformersBackend("smollm2"), grpo.sampling(), lora=True, lora_r=4, lora_alpha=8,
                        system_prompt="Ask for a donation.")
     shared = TransformersBackend("smollm2")  # the simulators' base: one adapter per simulator
     sims = [TrainableLLMSimulator(shared, f"sim{i}", SamplingParams(max_new_tokens=4, temperature=1.0), lora_r=4,
                                   lora_alpha=8, name=f"sim{i}") for i in range(2)]
-    assert shared.adapter_names == ["sim0", "sim1"]
-    trainer = CoTrainer(ENV, policy, sims, grpo, CoTrainConfig(population_size=2, sim_lr=1e-2, target_success=0.25), env_kwargs=ENV_KWARGS)
+    assert shared.adapter_names == ["sim0", "sim1"] and [s.adapter for s in sims] == ["sim0", "sim1"]
+    trainer = CoTrainer(GRPOTrainer(ENV, policy, None, grpo, env_kwargs=ENV_KWARGS), sims,
+                        CoTrainConfig(population_size=2, sim_lr=1e-2, target_success=0.25))
 
     for sim in sims:
         sim.clear()

@@ -1,4 +1,8 @@
-"""GRPO building blocks on hand-built inputs: advantages, zero-variance groups, masked loss, ActPolicy."""
+"""GRPO building blocks on hand-built inputs: advantages, zero-variance groups, masked loss, ActPolicy.
+
+(The bit-for-bit equality of :mod:`simpop.train.objectives` with the trainer's original formulas is in
+``test_objectives.py``; these are the by-hand cases.)
+"""
 
 from __future__ import annotations
 
@@ -8,23 +12,24 @@ import numpy as np
 import pytest
 import torch
 
-from simpop.train.grpo import ActPolicy, group_advantages, surrogate_loss, zero_variance_fraction
+from simpop.agents.policy import ActPolicy
+from simpop.train.objectives import LossTotals, advantages, policy_loss, zero_variance_fraction
 
 
 def test_group_advantages_by_hand():
     rewards = [1.0, 0.0, 1.0, 0.0, 0.5, 0.5, 0.5, 2.0, 2.0, 0.0]
     groups = [0, 0, 0, 0, 1, 1, 1, 2, 2, 2]
-    adv = group_advantages(rewards, groups)
+    adv = advantages(rewards, groups)
     # group 0: mean 0.5, std 0.5 -> +-1; group 1: all equal -> 0; group 2: mean 4/3, std sqrt(8/9)
     assert adv[:4] == pytest.approx([1, -1, 1, -1], abs=1e-5)
     assert list(adv[4:7]) == [0.0, 0.0, 0.0]
     s = math.sqrt(8 / 9)
     assert adv[7:] == pytest.approx([(2 - 4 / 3) / s, (2 - 4 / 3) / s, -4 / 3 / s], abs=1e-5)
-    assert group_advantages(rewards, groups, scale=False)[:4] == pytest.approx([0.5, -0.5, 0.5, -0.5])
+    assert advantages(rewards, groups, scale="none")[:4] == pytest.approx([0.5, -0.5, 0.5, -0.5])
     # groups need not be contiguous or integers
-    assert group_advantages([1.0, 5.0, 0.0, 5.0], ["a", "b", "a", "b"]) == pytest.approx([1, 0, -1, 0], abs=1e-5)
+    assert advantages([1.0, 5.0, 0.0, 5.0], ["a", "b", "a", "b"]) == pytest.approx([1, 0, -1, 0], abs=1e-5)
     with pytest.raises(ValueError, match="equal-length"):
-        group_advantages([1.0, 2.0], [0])
+        advantages([1.0, 2.0], [0])
 
 
 def test_zero_variance_fraction_by_hand():
@@ -37,8 +42,9 @@ def test_zero_variance_fraction_by_hand():
 def _loss_and_grad(logp_values, old, adv, weight, kl=None, kl_coef=0.0):
     logp = torch.tensor(logp_values, requires_grad=True)
     kl_t = None if kl is None else (torch.tensor(kl) + 0 * logp)
-    loss, parts = surrogate_loss(logp, torch.tensor(old), torch.tensor(adv), torch.tensor(weight), 0.2,
-                                 kl=kl_t, kl_coef=kl_coef)
+    weight_t = torch.tensor(weight)
+    loss, parts = policy_loss(logp, torch.tensor(old), torch.tensor(adv), weight_t, eps_low=0.2, eps_high=0.2,
+                              kl=kl_t, kl_coef=kl_coef, totals=LossTotals.of([weight_t]))
     loss.backward()
     return loss.item(), logp.grad.clone(), parts
 

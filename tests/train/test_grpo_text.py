@@ -9,23 +9,25 @@ import pytest
 import torch
 
 import simpop
+from simpop.agents.policy import LLMPolicy, ModelConfig
 from simpop.envs.persuasion.simulators import native_text
-from simpop.train.grpo import Batch, GRPOConfig, GRPOTrainer, LLMPolicy
+from simpop.train.grpo import Batch, GRPOConfig, GRPOTrainer
 
 pytestmark = pytest.mark.slow
 ENV = "simpop/Persuasion-v0"
 ENV_KWARGS = {"max_turns": 2}
 
 
-def _trainer(lora: bool, **config) -> GRPOTrainer:
+def _trainer(lora: bool, prefix_cache: bool = True, **config) -> GRPOTrainer:
     from simpop.agents.transformers_backend import TransformersBackend
 
-    cfg = GRPOConfig(group_size=2, scenarios_per_update=1, max_new_tokens=4, seed=3, lora=lora,
-                     lora_r=4, lora_alpha=8, **config)
-    backend = TransformersBackend("smollm2", trainable=not lora, prefix_cache=cfg.prefix_cache)
+    cfg = GRPOConfig(group_size=2, scenarios_per_update=1, max_new_tokens=4, seed=3, **config)
+    model = ModelConfig(lora=lora, lora_r=4, lora_alpha=8, prefix_cache=prefix_cache)
+    backend = TransformersBackend("smollm2", trainable=not model.lora, prefix_cache=model.prefix_cache)
     # A short system prompt keeps sequences (and the test) small.
-    policy = LLMPolicy(backend, cfg.sampling(), lora=lora, lora_r=cfg.lora_r, lora_alpha=cfg.lora_alpha,
-                       system_prompt="Ask for a donation.")
+    policy = LLMPolicy(backend, cfg.sampling(), lora=model.lora, lora_r=model.lora_r, lora_alpha=model.lora_alpha,
+                       adapter=model.adapter, system_prompt="Ask for a donation.")
+    assert (policy.adapter == "policy") == lora and (policy.lora is not None) == lora
     return GRPOTrainer(ENV, policy, native_text(simpop.make(ENV, **ENV_KWARGS)), cfg, env_kwargs=ENV_KWARGS)
 
 

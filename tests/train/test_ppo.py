@@ -9,8 +9,10 @@ import torch
 
 import simpop.envs  # noqa: F401  (registers the ids with gymnasium)
 from simpop.envs.persuasion.simulators import ActPersuadee
+from simpop.rollout import RolloutEngine
 from simpop.simulators.population import Population
-from simpop.train.ppo import PPOConfig, PPOTrainer, gae
+from simpop.train import loop
+from simpop.train.ppo import ActorCritic, PPOConfig, PPOTrainer, gae
 
 ENV = "simpop/PersuasionAct-v0"
 
@@ -37,10 +39,38 @@ def test_gae_by_hand():
 def test_ppo_learns_beyond_random():
     trainer = PPOTrainer(ENV, config=PPOConfig(seed=0))
     random_return = trainer.evaluate(200, seed=1)  # the initial policy is near uniform
-    metrics = trainer.train(12_000)
+    assert isinstance(trainer, loop.Trainer) and trainer.policy is trainer.model
+    assert isinstance(trainer.training_simulator, ActPersuadee)
+    metrics = loop.run(trainer, 24)  # 24 updates of 8 envs x 64 steps: 12,288 timesteps
+    assert len(metrics) == 24 and trainer.update_count == 24
     assert all(np.isfinite(m["loss"]) for m in metrics)
     trained = trainer.evaluate(200, seed=1)
     assert trained > random_return + 0.1, (random_return, trained)
+
+
+def test_step_checkpoint_round_trip_and_batch_policy():
+    config = PPOConfig(n_envs=2, n_steps=8, minibatch_size=8, epochs=1, seed=4)
+    trainer = PPOTrainer(ENV, config=config)
+    metrics = trainer.step()
+    assert trainer.update_count == 1
+    assert {"loss", "policy_loss", "value_loss", "entropy", "clip_frac", "episode_return"} <= set(metrics)
+    state = trainer.state_dict()
+    other = PPOTrainer(ENV, config=PPOConfig(n_envs=2, n_steps=8, minibatch_size=8, epochs=1, seed=5))
+    assert any(not torch.equal(a, b) for a, b in zip(state["model"].values(), other.model.state_dict().values()))
+    other.load_state_dict(state)
+    assert other.update_count == 1
+    assert all(torch.equal(a, b) for a, b in zip(state["model"].values(), other.model.state_dict().values()))
+
+    # The actor-critic is a BatchPolicy: the rollout engine (and so panel evaluation) can run it.
+    policy: ActorCritic = trainer.policy
+    obs = [trainer.obs[0] * 0 + i / 10 for i in range(32)]
+    sampled = policy.act_batch(obs, np.random.default_rng(2))
+    assert sampled == policy.act_batch(obs, np.random.default_rng(2)) and len(set(sampled)) > 1
+    with torch.no_grad():
+        logits = policy.pi(torch.as_tensor(np.asarray(obs, np.float32)))
+    assert policy.act_batch(obs, None) == logits.argmax(-1).tolist()
+    [t] = RolloutEngine(ENV, policy, ActPersuadee()).collect(1, seed=0)
+    assert t.actions[t.policy_seat] and (t.terminated or t.truncated)
 
 
 def test_config_validation():

@@ -70,6 +70,7 @@ class TrainableLLMSimulator(LLMSimulator, Trainable):
         super().__init__(backend, params, name=name or f"trainable:{backend.name}:{adapter}", personas=personas,
                          persona_set=persona_set, **kwargs)
         self.lora = LoRAAdapter(backend, adapter, r=lora_r, alpha=lora_alpha)
+        self.lora_r, self.lora_alpha = lora_r, lora_alpha
         self.episodes: list[LLMEpisode] = []
         self._slot_episode: list[LLMEpisode] = []
         self._last: list[LLMTurn] = []
@@ -93,7 +94,8 @@ class TrainableLLMSimulator(LLMSimulator, Trainable):
 
     @property
     def spec(self) -> SimulatorSpec:
-        return SimulatorSpec(self.kind, f"{self.backend.name}+lora:{self.adapter}", self.persona_set, self._decoding())
+        return SimulatorSpec(self.kind, f"{self.backend.name}+lora:{self.adapter}", self.persona_set, self._decoding(),
+                             {"lora_r": self.lora_r, "lora_alpha": self.lora_alpha})
 
     def parameters(self) -> list[torch.nn.Parameter]:
         return self.lora.parameters()

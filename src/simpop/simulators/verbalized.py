@@ -386,7 +386,7 @@ class VerbalizedSimulator(LLMSimulator):
 
 
 class Renormalised(Simulator):
-    """Verbalized sampling over a simulator that states its own distribution (no text to parse).
+    r"""Verbalized sampling over a simulator that states its own distribution (no text to parse).
 
     Each reply is drawn from ``renormalise(p, floor, tau)`` of the inner simulator's
     :meth:`~simpop.seat.DistributionalSimulator.distribution`, with the slot's own generator; the inner

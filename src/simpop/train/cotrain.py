@@ -218,15 +218,24 @@ class CoTrainer:
                                         "sim_grad_norm": []}
         for sim, optimizer in zip(self.simulators, self.optimizers):
             mine = [t for t in batch.trajectories if t.simulator == sim.name]
-            if len(mine) != len(sim.episodes):
-                raise RuntimeError(f"{sim.name!r} recorded {len(sim.episodes)} dialogues but drove {len(mine)} "
+            drove = [t for t in (batch.collected if batch.collected is not None else batch.trajectories)
+                     if t.simulator == sim.name]
+            if len(drove) != len(sim.episodes):
+                raise RuntimeError(f"{sim.name!r} recorded {len(sim.episodes)} dialogues but drove {len(drove)} "
                                    f"trajectories; clear() it before each collection and give it a unique name")
+            episodes = sim.episodes
+            if batch.kept is not None:  # dynamic sampling dropped some groups: their dialogues too
+                assert batch.collected is not None
+                position = {i: j for j, i in enumerate(k for k, t in enumerate(batch.collected)
+                                                       if t.simulator == sim.name)}
+                episodes = [sim.episodes[position[i]] for i, t in zip(batch.kept, batch.trajectories)
+                            if t.simulator == sim.name]
             if not mine:
                 continue
             successes = [float(t.success) for t in mine]
             advantages = torch.as_tensor(simulator_advantages(successes, c.target_success))
             for _ in range(c.sim_epochs):
-                scores = sim.score(sim.episodes)
+                scores = sim.score(episodes)
                 policy_gradient = -(advantages.to(scores.logprob.dtype) * scores.logprob).mean()
                 kl = scores.kl.mean()
                 loss = policy_gradient + c.sim_kl_coef * kl

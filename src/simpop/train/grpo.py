@@ -151,14 +151,19 @@ class Batch:
     Attributes:
         trajectories: The dialogues, grouped.
         advantages: One group-relative advantage per trajectory.
-        stats: Rollout timing and counts.
+        stats: Rollout timing and counts (of every collection round).
         extra: Collection metrics (dynamic sampling's refill counts).
+        collected: With dynamic sampling, every dialogue collected for the update in collection order
+            (dropped groups included; trainable simulators recorded all of them); None: the trajectories.
+        kept: With dynamic sampling, the index in ``collected`` of each trajectory.
     """
 
     trajectories: list[Trajectory]
     advantages: np.ndarray
     stats: RolloutStats
     extra: dict[str, float] = field(default_factory=dict)
+    collected: list[Trajectory] | None = None
+    kept: list[int] | None = None
 
     @property
     def rewards(self) -> np.ndarray:
@@ -222,30 +227,42 @@ class GRPOTrainer:
         if self.simulator is None:
             raise ValueError("GRPOTrainer has no simulator: pass one, or let a co-trainer set it")
         trajectories = self._groups()
-        extra: dict[str, float] = {}
         if self.objective.dynamic_sampling:
-            trajectories, extra = self._refill(trajectories)
+            return self._refill(trajectories)
         rewards = [t.total_reward for t in trajectories]
         advantages = self.objective.advantages(rewards, [t.group for t in trajectories])
-        return Batch(trajectories, advantages, self.engine.stats, extra)
+        return Batch(trajectories, advantages, self.engine.stats)
 
     def _groups(self) -> list[Trajectory]:
         seed = int(self.rng.integers(2**63 - 1))
         return self.engine.collect(self.config.scenarios_per_update, group_size=self.config.group_size, seed=seed)
 
-    def _refill(self, trajectories: list[Trajectory]) -> tuple[list[Trajectory], dict[str, float]]:
+    def _refill(self, trajectories: list[Trajectory]) -> Batch:
         """Dynamic sampling: replace groups whose rewards are all equal by freshly collected ones."""
         wanted = self.config.scenarios_per_update
-        pool = _by_group(trajectories, offset=0)
+        collected = list(trajectories)
+        stats = dataclasses.replace(self.engine.stats)
+        pool = _group_indices(collected, start=0)  # per group: indices into ``collected``
         rounds = 0
-        pick = objectives.pick_informative([[t.total_reward for t in g] for g in pool], wanted)
+        pick = objectives.pick_informative([[collected[i].total_reward for i in g] for g in pool], wanted)
         while not pick.complete and rounds < self.config.max_refill_rounds:
             rounds += 1
-            pool += _by_group(self._groups(), offset=len(pool))
-            pick = objectives.pick_informative([[t.total_reward for t in g] for g in pool], wanted)
-        chosen = [t for i in pick.chosen for t in pool[i]] or trajectories  # nothing informative: keep the first
-        return chosen, {"refill_rounds": float(rounds), "refill_shortfall": float(wanted - len(pick.chosen)),
-                        "collected_zero_var_frac": pick.uninformative / len(pool)}
+            more = self._groups()
+            for f in dataclasses.fields(stats):  # the batch's stats cover every round
+                setattr(stats, f.name, getattr(stats, f.name) + getattr(self.engine.stats, f.name))
+            pool += _group_indices(more, start=len(collected))
+            collected += more
+            pick = objectives.pick_informative([[collected[i].total_reward for i in g] for g in pool], wanted)
+        if pick.chosen:  # relabel the groups 0, 1, ... (labels of different rounds would collide)
+            kept = [i for g in pick.chosen for i in pool[g]]
+            label = {i: new for new, g in enumerate(pick.chosen) for i in pool[g]}
+            chosen = [dataclasses.replace(collected[i], group=label[i]) for i in kept]
+        else:  # nothing informative: keep the first round
+            kept, chosen = list(range(len(trajectories))), list(trajectories)
+        extra = {"refill_rounds": float(rounds), "refill_shortfall": float(wanted - len(pick.chosen)),
+                 "collected_zero_var_frac": pick.uninformative / len(pool)}
+        advantages = self.objective.advantages([t.total_reward for t in chosen], [t.group for t in chosen])
+        return Batch(chosen, advantages, stats, extra, collected=collected, kept=kept)
 
     # ----------------------------------------------------------------- optimisation
     def update(self, batch: Batch) -> dict[str, float]:
@@ -364,12 +381,12 @@ class GRPOTrainer:
         self.update_count = int(state["update_count"])
 
 
-def _by_group(trajectories: list[Trajectory], offset: int) -> list[list[Trajectory]]:
-    """Trajectories split by group, relabelled ``offset, offset + 1, ...`` (labels stay unique across rounds)."""
-    groups: dict[Any, list[Trajectory]] = {}
-    for t in trajectories:
-        groups.setdefault(t.group, []).append(t)
-    return [[dataclasses.replace(t, group=offset + i) for t in members] for i, members in enumerate(groups.values())]
+def _group_indices(trajectories: list[Trajectory], start: int) -> list[list[int]]:
+    """Per group (in order of first appearance), the indices ``start + i`` of its trajectories."""
+    groups: dict[Any, list[int]] = {}
+    for i, t in enumerate(trajectories):
+        groups.setdefault(t.group, []).append(start + i)
+    return list(groups.values())
 
 
 def _categorical_kl(log_p: torch.Tensor, log_q: torch.Tensor) -> torch.Tensor:

@@ -115,6 +115,18 @@ class ActorCritic(nn.Module):
     def forward(self, obs: torch.Tensor) -> tuple[torch.distributions.Categorical, torch.Tensor]:
         return torch.distributions.Categorical(logits=self.pi(obs)), self.v(obs).squeeze(-1)
 
+    def act_batch(self, observations: list[Any], rng: np.random.Generator | None) -> list[int]:
+        """One action per observation, sampled with ``rng`` (None: the most likely): a
+        :class:`~simpop.agents.policy.BatchPolicy`, so the rollout engine (panel evaluation) can run it."""
+        obs = np.asarray(observations, dtype=np.float32).reshape(len(observations), -1)
+        with torch.no_grad():
+            probs = self(torch.as_tensor(obs))[0].probs.double().numpy()
+        if rng is None:
+            return [int(a) for a in probs.argmax(axis=1)]
+        cdf = np.cumsum(probs, axis=1)
+        return [int(min(np.searchsorted(row, x, side="right"), probs.shape[1] - 1))
+                for row, x in zip(cdf, rng.random(len(observations)))]
+
 
 def gae(rewards: np.ndarray, values: np.ndarray, dones: np.ndarray, next_values: np.ndarray, gamma: float,
         lam: float) -> tuple[np.ndarray, np.ndarray]:

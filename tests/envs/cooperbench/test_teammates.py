@@ -105,3 +105,20 @@ def test_llm_kinds_built_for_cooperbench_use_its_format():
 def test_format_rejects_unknown_seats():
     with pytest.raises(ValueError, match="seat"):
         CooperBenchFormat("agent3")
+
+
+@pytest.mark.parametrize("spec", ["frozen:fake", "verbalized:fake?k=3", "trainable:fake"])
+def test_every_llm_kind_plays_cooperbench_through_its_format(spec):
+    from tests.simulators.fakes import FakeBackend, FakeTrainableBackend
+
+    env = CooperBenchEnv("mini")
+    sim = build_simulator(spec, env=env, backends={"fake": FakeBackend(), "trainable:fake": FakeTrainableBackend()})
+    assert isinstance(sim.text_format, CooperBenchFormat) and sim.text_format.seat == env.user_seat == "agent2"
+    assert sim.stats["unparsed_actions"] == 0  # the format's counters start with the simulator's own
+    scenario = env.load_scenario(env.scenario_ids()[0])
+    sim.reset(scenario, np.random.default_rng(0))
+    obs, _ = env.reset(seed=0, options={"scenario_id": scenario.id})
+    obs, *_ = env.step({"agent1": '{"type": "message", "text": "hi"}', "agent2": ""})
+    chat = sim.chat(obs["agent2"], 0)
+    assert chat[0]["content"].startswith(scenario.instructions("agent2"))
+    assert chat[-1]["content"].endswith("reply with one JSON action.")

@@ -152,3 +152,31 @@ def test_calibration_figures_in_the_env(env_id, episodes, tolerance):
     donations = np.array(donations)
     assert (donations > 0).mean() == pytest.approx(CORPUS_DONOR_RATE, abs=tolerance)
     assert donations.mean() == pytest.approx(CORPUS_MEAN_DONATION, abs=tolerance)
+
+
+def test_persona_sets_and_spec_of_the_constructor():
+    from simpop.envs.persuasion.personas import PersonaSampler
+    from simpop.seat import SimulatorSpec
+
+    plain = ActPersuadee()
+    assert plain.spec == SimulatorSpec("persuadee", "base", "scenario", {"decoding": "sample", "temperature": 1.0},
+                                       {"jitter": 0.35, "model_seed": 4242})
+    assert SimulatorSpec.parse(str(plain.spec)) == plain.spec == TextPersuadee().spec
+    people = PersonaSampler().sample_many(3, np.random.default_rng(0))
+    named = ActPersuadee(personas=people, persona_set="three", model_name="heldout-3", decoding="greedy")
+    assert named.spec.personas == "three" and named.spec.model == "heldout-3"
+    assert dict(named.spec.decoding) == {"decoding": "greedy", "temperature": 0.0}
+    assert ActPersuadee(personas=people).spec.personas == "custom"  # unnamed sets are not the scenario's
+    assert ActPersuadee(persona_override=modal_persona()).spec.personas == "custom"
+    env = PersuasionActEnv()
+    scenario = env.load_scenario("p4g-0000")
+    one = ActPersuadee(personas=people[:1], persona_set="one")
+    one.reset(scenario, np.random.default_rng(0))
+    assert one.state() == one.model.initial_state(people[0])  # a set of one is played without a draw
+    named.reset_batch([scenario] * 30, [np.random.default_rng(i) for i in range(30)])
+    played = {named.state(i) for i in range(30)}
+    assert played == {named.model.initial_state(p) for p in people}  # drawn from the set, slot by slot
+    with pytest.raises(ValueError, match="either a non-empty persona set or persona_override"):
+        ActPersuadee(personas=[])
+    with pytest.raises(ValueError, match="either a non-empty persona set or persona_override"):
+        ActPersuadee(personas=people, persona_override=modal_persona())

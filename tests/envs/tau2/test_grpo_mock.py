@@ -7,9 +7,11 @@ import math
 import pytest
 import torch
 
+from simpop.agents.policy import LLMPolicy, ModelConfig
 from simpop.envs.dialogue import parse_observation
 from simpop.envs.tau2.scripted import ScriptedUser
-from simpop.train.grpo import GRPOConfig, GRPOTrainer, LLMPolicy
+from simpop.train import loop
+from simpop.train.grpo import GRPOConfig, GRPOTrainer
 
 ENV_KWARGS = {"domain": "mock", "max_steps": 6}
 
@@ -26,12 +28,11 @@ def one_torch_thread():
 def test_two_grpo_updates_on_mock(one_torch_thread, tmp_path):
     from simpop.agents.transformers_backend import TransformersBackend
 
-    config = GRPOConfig(group_size=2, scenarios_per_update=1, max_new_tokens=8, lora=True, lora_r=4, lora_alpha=8,
-                        seed=0)
-    policy = LLMPolicy(TransformersBackend("smollm2", threads=1), config.sampling(), lora=True,
-                       lora_r=config.lora_r, lora_alpha=config.lora_alpha)
-    trainer = GRPOTrainer("simpop/Tau2-mock-v0", policy, ScriptedUser(), config, env_kwargs=ENV_KWARGS,
-                          run_dir=tmp_path)
+    config = GRPOConfig(group_size=2, scenarios_per_update=1, max_new_tokens=8, seed=0)
+    model = ModelConfig(lora=True, lora_r=4, lora_alpha=8)
+    policy = LLMPolicy(TransformersBackend("smollm2", threads=1), config.sampling(), lora=model.lora,
+                       lora_r=model.lora_r, lora_alpha=model.lora_alpha)
+    trainer = GRPOTrainer("simpop/Tau2-mock-v0", policy, ScriptedUser(), config, env_kwargs=ENV_KWARGS)
     batches = []
     collect = trainer.collect
 
@@ -42,7 +43,7 @@ def test_two_grpo_updates_on_mock(one_torch_thread, tmp_path):
     trainer.collect = recording_collect
     adapter = [p.detach().clone() for p in policy.parameters()]
 
-    history = trainer.train(2)
+    history = loop.run(trainer, 2, tmp_path)
 
     assert len(history) == 2 and trainer.update_count == 2
     assert len((tmp_path / "metrics.jsonl").read_text().splitlines()) == 2

@@ -6,15 +6,17 @@ import dataclasses
 import json
 
 import numpy as np
+import pytest
 
 from simpop.agents.base import SamplingParams
 from simpop.envs.dialogue import parse_observation
 from simpop.envs.tau2.env import Tau2Env
 from simpop.envs.tau2.scripted import ScriptedUser, play_gold
 from simpop.envs.wrappers import UserSeat
-from simpop.simulators.llm import LLMSimulator
-from simpop.simulators.verbalized import VerbalizedSimulator
 from simpop.rollout import RolloutEngine
+from simpop.simulators.llm import DialogueFormat, LLMSimulator
+from simpop.simulators.registry import build_simulator
+from simpop.simulators.verbalized import VerbalizedSimulator
 from tests.simulators.fakes import FakeBackend, verbalized_json
 
 
@@ -82,3 +84,18 @@ def test_llm_simulator_sampling_is_reproducible_per_seed():
             seat.step("Could you tell me more?")
         return [t.text for t in env.transcript]
     assert run(3) == run(3)
+
+
+def test_spec_strings_build_tau2_user_simulators():
+    env = Tau2Env("mock")
+    native = build_simulator("native", env=env)
+    assert isinstance(native, ScriptedUser) and isinstance(build_simulator("native:simpop/Tau2-mock-v0"), ScriptedUser)
+    backends = {"fake": FakeBackend()}
+    frozen = build_simulator("frozen:fake?temperature=0.5", env=env, backends=backends)
+    verbal = build_simulator("verbalized:fake?k=2", env=env, backends=backends)
+    # τ² has no text format of its own: the default (the scenario's user instructions + the dialogue).
+    assert type(frozen.text_format) is DialogueFormat and type(verbal.text_format) is DialogueFormat
+    play(UserSeat(env, frozen), "create_task_1")
+    assert backends["fake"].calls[0][0][0][0] == {"role": "system", "content": env.scenario.user_instructions()}
+    with pytest.raises(ValueError, match="persona_set"):  # τ² names no persona sets
+        build_simulator("frozen:fake?personas=heldout", env=env, backends=backends)

@@ -45,6 +45,7 @@ HELDOUT_JITTER, HELDOUT_SEED = 0.35, 4242
 class _Slot:
     state: PersuadeeState
     rng: np.random.Generator
+    persona: Persona
 
 
 class _ModelPersuadee(Simulator):
@@ -93,8 +94,8 @@ class _ModelPersuadee(Simulator):
                              {"jitter": float(self.jitter), "model_seed": self.model_seed})
 
     def reset_batch(self, scenarios: list[Any], rngs: list[np.random.Generator]) -> None:
-        self._slots = [_Slot(self.model.initial_state(self._persona(s, rng)), rng)
-                       for s, rng in zip(scenarios, rngs, strict=True)]
+        personas = [self._persona(s, rng) for s, rng in zip(scenarios, rngs, strict=True)]
+        self._slots = [_Slot(self.model.initial_state(p), rng, p) for p, rng in zip(personas, rngs)]
 
     def _persona(self, scenario: Any, rng: np.random.Generator) -> Persona:
         if self.personas is None:

@@ -23,7 +23,7 @@ from simpop.envs.persuasion.acts import ASKING_ACTS, PERSUADEE_ACTS, PERSUADER_A
 from simpop.envs.persuasion.model import (_DECISION_MASK, _SENTIMENT_SIGN, _U, AMOUNT_LEVELS, APPEALS, BASE_TRAITS,
                                           MODULATORS, RAPPORT_ACTS, PersuadeeModel, PersuadeeParams)
 from simpop.envs.persuasion.personas import Persona
-from simpop.envs.persuasion.simulators import ActPersuadee, _spec_arguments
+from simpop.envs.persuasion.simulators import ActPersuadee, _persuadee_class, _spec_arguments
 from simpop.seat import BuildContext, Scores, SimulatorSpec, Trainable
 
 #: Index of "refuse" among a decision turn's outcomes (donate at one of the amount levels, or refuse).
@@ -168,6 +168,10 @@ class TrainableActPersuadee(ActPersuadee, Trainable):
     @classmethod
     def from_spec(cls, spec: SimulatorSpec, context: BuildContext) -> TrainableActPersuadee:
         """Build from a ``trainable:persuadee[:MODEL]`` spec's inner ``persuadee`` spec (sampled decoding)."""
+        if context.env is not None and _persuadee_class(context.env) is not ActPersuadee:
+            raise ValueError("trainable:persuadee is the act-level persuadee (simpop/PersuasionAct-v0); on the text "
+                             "env co-train an LLM simulator: trainable:MODEL?temperature=1.0 (e.g. "
+                             "trainable:smollm2?temperature=1.0)")
         arguments = _spec_arguments(spec, context)
         if arguments.pop("decoding") != "sample":
             raise ValueError("a trainable persuadee samples (its replies' log-probabilities are what it learns "
@@ -190,7 +194,7 @@ class TrainableActPersuadee(ActPersuadee, Trainable):
     # ----------------------------------------------------------------- acting (and recording)
     def reset_batch(self, scenarios: list[Any], rngs: list[np.random.Generator]) -> None:
         super().reset_batch(scenarios, rngs)
-        self._slot_episode = [ActEpisode(self.persona_override or s.persona) for s in scenarios]
+        self._slot_episode = [ActEpisode(slot.persona) for slot in self._slots]  # the persona each slot plays
         if not self.frozen:  # snapshots are never trained: keeping their dialogues would only grow memory
             self.episodes.extend(self._slot_episode)
 
