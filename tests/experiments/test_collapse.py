@@ -25,16 +25,19 @@ from simpop.simulators.verbalized import Renormalised, VerbalizedSimulator
 from simpop.train.cotrain import CoTrainer
 from tests.simulators.fakes import FakeBackend, FakeTrainableBackend
 
-TINY = dict(seeds=2, updates=2, eval_every=1, eval_episodes=4, group_size=2, scenarios_per_update=2, max_turns=4,
-            population_size=2, pool_size=2, snapshot_every=1, heldout_personas=40, workers=1)
+TINY = dict(seeds=2, updates=2, eval_every=1, eval_episodes=4, max_turns=4, heldout_personas=40, workers=1,
+            grpo={"group_size": 2, "scenarios_per_update": 2},
+            cotrain={"population_size": 2, "pool_size": 2, "snapshot_every": 1})
 
 
 @pytest.fixture(scope="module")
 def finished(tmp_path_factory):
     out = tmp_path_factory.mktemp("collapse")
     argv = ["experiment", "collapse", "--out", str(out), "--quiet"]
-    for key, value in TINY.items():
-        argv += [f"--{key.replace('_', '-')}", str(value)]
+    for key, value in TINY.items():  # nested configs' fields are --grpo.group-size, --cotrain.pool-size, ...
+        items = value.items() if isinstance(value, dict) else [(None, value)]
+        for sub, v in items:
+            argv += [f"--{key}.{sub.replace('_', '-')}" if sub else f"--{key.replace('_', '-')}", str(v)]
     assert main(argv) == 0
     return out
 
@@ -95,7 +98,7 @@ def test_condition_simulators_and_panel():
     assert (verbalized.floor, verbalized.tau) == (config.verbalized_floor, config.verbalized_tau)
     assert verbalized.inner.personas is None  # the training persona set: each scenario's own persona
     population = build_trainer("population", config, 0, env)
-    assert isinstance(population, CoTrainer) and len(population.simulators) == config.population_size
+    assert isinstance(population, CoTrainer) and len(population.simulators) == config.cotrain.population_size
     assert all(type(s) is TrainableActPersuadee for s in population.simulators)
     panel = build_panel(config, env)
     panel.check_disjoint([population.training_simulator, frozen, verbalized])  # raises if not held out
@@ -126,7 +129,7 @@ def test_every_conditions_specs_build_simulators_held_out_from_the_panel(level):
                       "population": TrainableLLMSimulator}}[level]
     for condition in CONDITIONS:
         specs = simulator_specs(condition, config)
-        assert len(specs) == (config.population_size if condition == "population" else 1)
+        assert len(specs) == (config.cotrain.population_size if condition == "population" else 1)
         simulators = build_many(specs, env, backends)
         assert [s.name for s in simulators] == list(specs)
         assert all(type(s) is kinds[condition] for s in simulators)
@@ -141,6 +144,30 @@ def test_every_conditions_specs_build_simulators_held_out_from_the_panel(level):
 def test_config_validation():
     with pytest.raises(ValueError, match="conditions"):
         CollapseConfig(conditions=("frozen", "nope"))
-    with pytest.raises(ValueError, match="group_size"):
-        CollapseConfig(group_size=1)
+    with pytest.raises(ValueError, match="grpo: GRPOConfig: group_size"):
+        CollapseConfig(grpo={"group_size": 1})
+    with pytest.raises(ValueError, match="unknown GRPOConfig fields"):
+        CollapseConfig(grpo={"group_sise": 4})
+    with pytest.raises(ValueError, match="population co-training needs a checkpoint pool"):
+        CollapseConfig(cotrain={"pool_size": 0, "pool_sample_prob": 0.0})
     assert CollapseConfig().seeds >= 5 and CollapseConfig(level="text").seeds == 1
+
+
+def test_nested_configs_take_level_defaults_and_partial_overrides(tmp_path):
+    act, text = CollapseConfig(), CollapseConfig(level="text")
+    assert (act.grpo.group_size, text.grpo.group_size, act.grpo.max_new_tokens) == (8, 2, 24)
+    assert (act.cotrain.sim_lr, text.cotrain.sim_lr) == (0.05, 1e-4) and (act.model.lora, text.model.lora) == (False, True)
+    config = CollapseConfig(grpo={"lr": 0.02}, cotrain={"population_size": 4})
+    assert config.grpo.lr == 0.02 and config.grpo.group_size == 8 and config.cotrain.population_size == 4
+    # YAML sections and --section.field flags reach the same nested config; flags win.
+    import argparse
+
+    from simpop.experiments.cli import configure
+    from simpop.train.config import build
+
+    (tmp_path / "c.yaml").write_text("grpo:\n  lr: 0.03\n  group_size: 4\ncotrain:\n  sim_lr: 0.2\n")
+    parser = argparse.ArgumentParser()
+    configure(parser)
+    args = parser.parse_args(["collapse", "--grpo.lr", "0.04", "--model.hidden-size", "16"])
+    built = build(CollapseConfig, args, yaml_path=tmp_path / "c.yaml")
+    assert (built.grpo.lr, built.grpo.group_size, built.cotrain.sim_lr, built.model.hidden_size) == (0.04, 4, 0.2, 16)

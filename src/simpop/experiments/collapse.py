@@ -58,6 +58,11 @@ from typing import Any, Literal
 
 import numpy as np
 
+from simpop.agents.policy import ModelConfig
+from simpop.train.cotrain import CoTrainConfig
+from simpop.train.config import to_dict
+from simpop.train.grpo import GRPOConfig
+
 CONDITIONS = ("frozen", "verbalized", "cotrain", "population")
 PANEL_TEMPERATURES = (0.8, 0.9, 1.2)
 #: Spread (log-scale sd) of the held-out models' parameter jitter.
@@ -65,16 +70,32 @@ PANEL_JITTER = 0.35
 ENV_IDS = {"act": "simpop/PersuasionAct-v0", "text": "simpop/Persuasion-v0"}
 #: Defaults that depend on the level (fields left at None take these).
 LEVEL_DEFAULTS: dict[str, dict[str, Any]] = {
-    "act": {"seeds": 5, "updates": 200, "group_size": 8, "scenarios_per_update": 8, "eval_every": 20,
-            "eval_episodes": 64, "max_turns": 10, "workers": 2},
-    "text": {"seeds": 1, "updates": 2, "group_size": 2, "scenarios_per_update": 2, "eval_every": 1,
-             "eval_episodes": 2, "max_turns": 2, "workers": 1},
+    "act": {"seeds": 5, "updates": 200, "eval_every": 20, "eval_episodes": 64, "max_turns": 10, "workers": 2},
+    "text": {"seeds": 1, "updates": 2, "eval_every": 1, "eval_episodes": 2, "max_turns": 2, "workers": 1},
 }
+
+
+def default_grpo(level: str) -> GRPOConfig:
+    """The policy trainer's settings at ``level`` when the experiment names none (the seed is set per run)."""
+    size = 8 if level == "act" else 2
+    return GRPOConfig(group_size=size, scenarios_per_update=size, max_new_tokens=24)
+
+
+def default_cotrain(level: str) -> CoTrainConfig:
+    """Population co-training's settings at ``level`` (plain co-training: the same with K = 1 and no pool)."""
+    return CoTrainConfig(sim_lr=0.05 if level == "act" else 1e-4, sim_kl_coef=0.1, target_success=0.5,
+                         population_size=3, pool_size=5, pool_sample_prob=0.25, snapshot_every=10)
+
+
+def default_model(level: str) -> ModelConfig:
+    """The policy model at ``level`` (text: a LoRA adapter on the embedded model; the adapter is named per seed)."""
+    return ModelConfig(lora=level == "text")
 
 
 @dataclass(frozen=True)
 class CollapseConfig:
-    """Settings of ``simpop experiment collapse`` (flags are generated from these fields).
+    """Settings of ``simpop experiment collapse`` (flags are generated from these fields; the nested
+    trainer configs' fields are ``--grpo.lr``, ``--cotrain.sim-lr``, ``--model.dtype``, ...).
 
     Attributes:
         level: ``act`` (P4G dialogue acts, minutes on a CPU) or ``text`` (free text with LLMs).
@@ -82,31 +103,25 @@ class CollapseConfig:
         first_seed: The first seed; seeds are ``first_seed .. first_seed + seeds - 1``.
         conditions: Conditions to run, a subset of frozen, verbalized, cotrain, population.
         updates: Policy updates per run (the equal budget); None: act 200, text 2.
-        group_size: GRPO dialogues per scenario; None: act 8, text 2.
-        scenarios_per_update: GRPO groups per update; None: act 8, text 2.
         eval_every: Updates between evaluations (also at 0 and at the end); None: act 20, text 1.
         eval_episodes: Dialogues per panel member and on the training simulator per evaluation; None:
             act 64, text 2.
         max_turns: Persuader turns per dialogue; None: act 10, text 2.
-        policy_lr: Policy learning rate; None uses GRPO's default for the level.
-        hidden_size: Width of the act-level policy's hidden layers.
-        population_size: Trainable simulators in population co-training (K).
-        pool_size: Snapshots kept in population co-training's checkpoint pool.
-        pool_sample_prob: Share of population co-training dialogues driven by the pool.
-        snapshot_every: Updates between snapshots into the pool.
-        sim_lr: Learning rate of co-trained simulators; None: act 0.05, text 1e-4.
-        sim_kl_coef: KL-anchor weight of co-trained simulators.
-        target_success: Batch success co-trained simulators steer towards.
+        grpo: The policy trainer of every condition (:class:`~simpop.train.grpo.GRPOConfig`; its ``seed`` is
+            set per run, its ``max_new_tokens`` is also the text simulators' budget); a mapping replaces fields
+            of the level default (:func:`default_grpo`: act 8 x 8 dialogues, text 2 x 2; 24 new tokens).
+        cotrain: Population co-training (:class:`~simpop.train.cotrain.CoTrainConfig`); the cotrain condition
+            uses it with population_size 1 and no pool. A mapping replaces fields of :func:`default_cotrain`
+            (K = 3, pool 5 sampled 25%, snapshot every 10, sim_lr act 0.05 / text 1e-4, KL 0.1, target 0.5).
+        model: The policy model (:class:`~simpop.agents.policy.ModelConfig`; text level: the model, dtype and
+            LoRA settings; act level: hidden_size); a mapping replaces fields of :func:`default_model`.
         verbalized_tau: Temperature of the verbalized renormalisation.
         verbalized_floor: Probability floor of the verbalized renormalisation.
         verbalized_k: Candidates the text-level verbalized simulator is asked for.
         heldout_personas: Size of the held-out panel's persona set.
         heldout_seed: Seed of the held-out personas and models.
-        model: Text level: the policy model (embedded name or local HF folder).
         sim_model: Text level: the simulators' model (backend spec; co-training needs an in-process
-            transformers model); None: the same as ``model``.
-        max_new_tokens: Text level: tokens per policy and simulator turn.
-        dtype: Text level: ``float32`` or ``bfloat16``.
+            transformers model); None: the policy's model.
         workers: Parallel processes over (condition, seed) runs; None: act 2, text 1.
         threads: Torch threads per run; None: 1 at the act level (tiny matrices), torch's default at the
             text level. On a busy CPU, 1 avoids threads spinning against each other.
@@ -117,33 +132,24 @@ class CollapseConfig:
     first_seed: int = 0
     conditions: tuple[str, ...] = CONDITIONS
     updates: int | None = None
-    group_size: int | None = None
-    scenarios_per_update: int | None = None
     eval_every: int | None = None
     eval_episodes: int | None = None
     max_turns: int | None = None
-    policy_lr: float | None = None
-    hidden_size: int = 64
-    population_size: int = 3
-    pool_size: int = 5
-    pool_sample_prob: float = 0.25
-    snapshot_every: int = 10
-    sim_lr: float | None = None
-    sim_kl_coef: float = 0.1
-    target_success: float = 0.5
+    grpo: GRPOConfig | None = None
+    cotrain: CoTrainConfig | None = None
+    model: ModelConfig | None = None
     verbalized_tau: float = 1.0
     verbalized_floor: float = 0.01
     verbalized_k: int = 5
     heldout_personas: int = 300
     heldout_seed: int = 4242
-    model: str = "smollm2"
     sim_model: str | None = None
-    max_new_tokens: int = 24
-    dtype: str = "float32"
     workers: int | None = None
     threads: int | None = None
 
     def __post_init__(self) -> None:
+        from simpop.train.config import nested
+
         def need(ok: bool, message: str) -> None:
             if not ok:
                 raise ValueError(f"CollapseConfig: {message}")
@@ -152,22 +158,24 @@ class CollapseConfig:
         for key, value in LEVEL_DEFAULTS[self.level].items():
             if getattr(self, key) is None:
                 object.__setattr__(self, key, value)
-        if self.sim_lr is None:
-            object.__setattr__(self, "sim_lr", 0.05 if self.level == "act" else 1e-4)
+        for key, cls, default in (("grpo", GRPOConfig, default_grpo), ("cotrain", CoTrainConfig, default_cotrain),
+                                  ("model", ModelConfig, default_model)):
+            try:
+                object.__setattr__(self, key, nested(getattr(self, key), cls, default(self.level)))
+            except (TypeError, ValueError) as error:
+                need(False, f"{key}: {error}")
         unknown = sorted(set(self.conditions) - set(CONDITIONS))
         need(not unknown and len(self.conditions) > 0,
              f"conditions must be a non-empty subset of {', '.join(CONDITIONS)}; unknown: {unknown}")
         need(len(set(self.conditions)) == len(self.conditions), "conditions must not repeat")
-        for key in ("seeds", "updates", "group_size", "scenarios_per_update", "eval_every", "eval_episodes",
-                    "max_turns", "population_size", "pool_size", "snapshot_every", "heldout_personas",
-                    "max_new_tokens", "workers", "verbalized_k", "hidden_size"):
+        for key in ("seeds", "updates", "eval_every", "eval_episodes", "max_turns", "heldout_personas", "workers",
+                    "verbalized_k"):
             need(getattr(self, key) >= 1, f"{key} must be >= 1, got {getattr(self, key)}")
-        need(self.group_size >= 2, f"group_size must be >= 2 (GRPO compares dialogues), got {self.group_size}")
-        need(0 < self.pool_sample_prob < 1, f"pool_sample_prob must be in (0, 1), got {self.pool_sample_prob}")
+        need(self.cotrain.pool_size >= 1 and self.cotrain.pool_sample_prob > 0 or "population" not in self.conditions,
+             "population co-training needs a checkpoint pool: cotrain.pool_size >= 1 and cotrain.pool_sample_prob > 0")
         need(self.verbalized_tau > 0 and 0 <= self.verbalized_floor < 1,
              f"verbalized_tau must be > 0 and verbalized_floor in [0, 1); got {self.verbalized_tau}, "
              f"{self.verbalized_floor}")
-        need(self.dtype in ("float32", "bfloat16"), f"dtype must be float32 or bfloat16, got {self.dtype!r}")
         need(self.threads is None or self.threads >= 1, f"threads must be >= 1 or None, got {self.threads}")
 
     @property
@@ -190,14 +198,14 @@ class CollapseConfig:
 # ============================================================================================ specs
 def simulator_specs(condition: str, config: CollapseConfig) -> dict[str, str]:
     """Name -> spec of each training simulator of ``condition`` (the module docstring describes them)."""
-    k = config.population_size if condition == "population" else 1
+    k = config.cotrain.population_size if condition == "population" else 1
     if config.level == "act":
         return {
             "frozen": {"frozen-modal-greedy": "persuadee?decoding=greedy&personas=modal"},
             "verbalized": {"verbalized": f"verbalized:persuadee?temperature=1.0&floor={config.verbalized_floor!r}"
                                          f"&tau={config.verbalized_tau!r}"},
         }.get(condition) or {f"{condition}-{i}": "trainable:persuadee?temperature=1.0" for i in range(k)}
-    model, tokens = config.sim_model or config.model, config.max_new_tokens
+    model, tokens = config.sim_model or config.model.model, config.grpo.max_new_tokens
     return {
         "frozen": {"frozen-modal-greedy": f"frozen:{model}?max_new_tokens={tokens}&personas=modal"},
         "verbalized": {"verbalized": f"verbalized:{model}?k={config.verbalized_k}&tau={config.verbalized_tau!r}"
@@ -217,36 +225,32 @@ def panel_specs(config: CollapseConfig) -> dict[str, str]:
 
 def _backends(config: CollapseConfig) -> dict[str, Any]:
     """Text level: the simulators' models loaded with the experiment's dtype and a prefix cache."""
-    model = config.sim_model or config.model
+    model = config.sim_model or config.model.model
     if config.level == "act" or model.startswith("openai:"):  # HTTP backends take no dtype
         return {}
     from simpop.agents import load_backend
     from simpop.agents.transformers_backend import TransformersBackend
 
-    return {model: load_backend(model, dtype=config.dtype, prefix_cache=True),
-            f"trainable:{model}": TransformersBackend(model, dtype=config.dtype, prefix_cache=True)}
+    dtype, cache = config.model.dtype, config.model.prefix_cache
+    return {model: load_backend(model, dtype=dtype, prefix_cache=cache),
+            f"trainable:{model}": TransformersBackend(model, dtype=dtype, prefix_cache=cache)}
 
 
 def build_trainer(condition: str, config: CollapseConfig, seed: int, env: Any):
     """The trainer of one condition and seed: GRPO against the condition's simulator, or co-training."""
-    from simpop.agents.policy import ModelConfig, build_policy
+    from simpop.agents.policy import build_policy
     from simpop.simulators.registry import build_many
-    from simpop.train.cotrain import CoTrainConfig, CoTrainer
-    from simpop.train.grpo import GRPOConfig, GRPOTrainer
+    from simpop.train.cotrain import CoTrainer
+    from simpop.train.grpo import GRPOTrainer
 
-    grpo = GRPOConfig(group_size=config.group_size, scenarios_per_update=config.scenarios_per_update,
-                      lr=config.policy_lr, seed=seed, max_new_tokens=config.max_new_tokens)
-    model = ModelConfig(model=config.model, dtype=config.dtype, lora=config.level == "text",
-                        adapter=f"policy{seed}", hidden_size=config.hidden_size)
+    grpo = dataclasses.replace(config.grpo, seed=seed)
+    model = dataclasses.replace(config.model, adapter=f"policy{seed}")
     policy = build_policy(env, model, grpo.sampling(), seed)
     simulators = build_many(simulator_specs(condition, config), env, _backends(config))
     if condition in ("frozen", "verbalized"):
         return GRPOTrainer(config.env_id, policy, simulators[0], grpo, env_kwargs=config.env_kwargs())
-    population = condition == "population"
-    cotrain = CoTrainConfig(target_success=config.target_success, sim_lr=config.sim_lr, sim_kl_coef=config.sim_kl_coef,
-                            population_size=len(simulators), pool_size=config.pool_size if population else 0,
-                            pool_sample_prob=config.pool_sample_prob if population else 0.0,
-                            snapshot_every=config.snapshot_every)
+    cotrain = config.cotrain if condition == "population" else dataclasses.replace(
+        config.cotrain, population_size=1, pool_size=0, pool_sample_prob=0.0)
     return CoTrainer(GRPOTrainer(config.env_id, policy, None, grpo, env_kwargs=config.env_kwargs()), simulators,
                      cotrain)
 
@@ -344,9 +348,9 @@ def summarise(records: Sequence[dict[str, Any]], config: CollapseConfig, descrip
                                  "metrics": {key: stat(v) for key, v in values.items()}}
     summary = {
         "setup": {"level": config.level, "env_id": config.env_id, "seeds": config.seed_list, "updates": config.updates,
-                  "batch_size": config.group_size * config.scenarios_per_update, "eval_every": config.eval_every,
+                  "batch_size": config.grpo.batch_size, "eval_every": config.eval_every,
                   "eval_episodes": config.eval_episodes, "panel": PANEL_DESCRIPTION,
-                  "config": {k: list(v) if isinstance(v, tuple) else v for k, v in dataclasses.asdict(config).items()}},
+                  "config": to_dict(config)},
         "wall_time_s": wall_time_s,
         "conditions": conditions,
     }
@@ -364,6 +368,7 @@ PANEL_DESCRIPTION = ("three native persuadee models training never uses (base ac
 
 def descriptions(config: CollapseConfig) -> dict[str, str]:
     """How each condition's training simulator is built, for the report."""
+    co = config.cotrain
     if config.level == "act":
         base = "the native act-level persuadee (calibrated default parameters)"
         return {
@@ -373,21 +378,21 @@ def descriptions(config: CollapseConfig) -> dict[str, str]:
                           f"floor={config.verbalized_floor:g}, tau={config.verbalized_tau:g}); each dialogue plays "
                           "its scenario's persona (the training persona set)",
             "cotrain": f"{base} with all 373 parameters trainable, sampled at temperature 1 over the training persona "
-                       f"set, updated on the policy's rollouts towards batch success {config.target_success:g} with "
-                       f"KL anchor {config.sim_kl_coef:g} to the base (lr {config.sim_lr:g})",
-            "population": f"{config.population_size} such trainable persuadees (same base) plus a checkpoint pool of "
-                          f"their last {config.pool_size} snapshots (every {config.snapshot_every} updates), the pool "
-                          f"driving {config.pool_sample_prob:.0%} of dialogues",
+                       f"set, updated on the policy's rollouts towards batch success {co.target_success:g} with "
+                       f"KL anchor {co.sim_kl_coef:g} to the base (lr {co.sim_lr:g})",
+            "population": f"{co.population_size} such trainable persuadees (same base) plus a checkpoint pool of "
+                          f"their last {co.pool_size} snapshots (every {co.snapshot_every} updates), the pool "
+                          f"driving {co.pool_sample_prob:.0%} of dialogues",
         }
-    model = config.sim_model or config.model
+    model = config.sim_model or config.model.model
     return {
         "frozen": f"LLM {model} playing the modal persona with greedy decoding",
         "verbalized": f"LLM {model} asked for k={config.verbalized_k} replies with probabilities (JSON), renormalised "
                       f"(floor {config.verbalized_floor:g}, tau {config.verbalized_tau:g}) and sampled; scenario personas",
         "cotrain": f"LLM {model} with a LoRA adapter, temperature 1, trained towards batch success "
-                   f"{config.target_success:g} with KL {config.sim_kl_coef:g} to the base model",
-        "population": f"{config.population_size} LoRA adapters on one {model} base plus a pool of {config.pool_size} "
-                      f"snapshots ({config.pool_sample_prob:.0%} of dialogues)",
+                   f"{co.target_success:g} with KL {co.sim_kl_coef:g} to the base model",
+        "population": f"{co.population_size} LoRA adapters on one {model} base plus a pool of {co.pool_size} "
+                      f"snapshots ({co.pool_sample_prob:.0%} of dialogues)",
     }
 
 
@@ -434,7 +439,7 @@ def run_collapse(config: CollapseConfig, out: str | Path, resume: bool = False, 
         raise FileExistsError(f"{out} already holds a run: pass --resume to continue it, or choose another --out")
     out.mkdir(parents=True, exist_ok=True)
     config_path = out / "config.json"
-    saved = {k: list(v) if isinstance(v, tuple) else v for k, v in dataclasses.asdict(config).items()}
+    saved = to_dict(config)
     if resume and config_path.exists():
         previous = json.loads(config_path.read_text())
         changed = sorted(k for k in saved if previous.get(k) != saved[k])  # a field added since reads as None

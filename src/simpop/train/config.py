@@ -54,24 +54,29 @@ def field_docs(cls: type) -> dict[str, str]:
     return docs
 
 
-def add_arguments(parser: argparse.ArgumentParser, cls: type, skip: tuple[str, ...] = ()) -> None:
+def add_arguments(parser: argparse.ArgumentParser, cls: type, skip: tuple[str, ...] = (), prefix: str = "") -> None:
     """Add one ``--field-name`` flag per dataclass field of ``cls`` (except those in ``skip``).
 
     Flags default to "not given" (``argparse.SUPPRESS``) so that :func:`build` can tell a flag the
     user typed from a default, and let YAML values stand where no flag was typed. Booleans get
-    ``--name/--no-name``; ``Literal`` fields get ``choices``; tuples take several values.
+    ``--name/--no-name``; ``Literal`` fields get ``choices``; tuples take several values. A field whose
+    type is itself a config dataclass (a nested config) gets its fields as ``--field.sub-field`` flags.
     """
     docs = field_docs(cls)
     hints = typing.get_type_hints(cls)
-    group = parser.add_argument_group(f"{cls.__name__} fields (defaults shown; also settable in --config YAML)")
+    group = parser.add_argument_group(f"{prefix}{cls.__name__} fields (defaults shown; also settable in --config "
+                                      f"YAML)")
     for f in dataclasses.fields(cls):
         if f.name in skip:
             continue
         default = f.default if f.default is not dataclasses.MISSING else f.default_factory()  # type: ignore[misc]
         kind, optional = _unwrap_optional(hints[f.name])
-        kwargs: dict[str, Any] = {"default": argparse.SUPPRESS, "dest": f.name,
+        if dataclasses.is_dataclass(kind):
+            add_arguments(parser, kind, prefix=f"{prefix}{f.name}.")
+            continue
+        kwargs: dict[str, Any] = {"default": argparse.SUPPRESS, "dest": prefix + f.name,
                                   "help": f"{docs[f.name]} (default: {default!r})".replace("%", "%%")}
-        flag = "--" + f.name.replace("_", "-")
+        flag = "--" + prefix + f.name.replace("_", "-")
         if kind is bool:
             group.add_argument(flag, action=argparse.BooleanOptionalAction, **kwargs)
             continue
@@ -92,17 +97,50 @@ def build(cls: type[T], args: argparse.Namespace | None = None, yaml_path: str |
     """Make a ``cls`` config: dataclass defaults < YAML file (or ``values`` read from one) < flags given in
     ``args`` < ``overrides``."""
     names = {f.name for f in dataclasses.fields(cls)}  # type: ignore[arg-type]
+    hints = typing.get_type_hints(cls)
     values = dict(values or {})
     if yaml_path is not None:
         values.update(load_yaml(yaml_path, cls))
     if args is not None:
-        values.update({k: v for k, v in vars(args).items() if k in names})
+        for key, value in vars(args).items():
+            head, dot, tail = key.partition(".")
+            if dot and head in names and dataclasses.is_dataclass(_unwrap_optional(hints[head])[0]):
+                # A nested config's flag: merged into the mapping its class's __post_init__ turns into the config.
+                values[head] = _merged(values.get(head), tail, value)
+            elif key in names:
+                values[key] = value
     values.update(overrides)
-    hints = typing.get_type_hints(cls)
     for name, value in values.items():
         if typing.get_origin(_unwrap_optional(hints[name])[0]) is tuple and isinstance(value, list):
             values[name] = tuple(value)
     return cls(**values)
+
+
+def _merged(current: Any, dotted: str, value: Any) -> dict[str, Any]:
+    """``current`` (None, a mapping or a config) as a mapping, with ``dotted`` (``a`` or ``a.b``) set to ``value``."""
+    out = to_dict(current) if dataclasses.is_dataclass(current) else dict(current or {})
+    head, dot, tail = dotted.partition(".")
+    out[head] = _merged(out.get(head), tail, value) if dot else value
+    return out
+
+
+def nested(value: Any, cls: type[T], default: T) -> T:
+    """A nested config field's value as a ``cls``: None -> ``default``; a mapping -> ``default`` with those
+    fields replaced (YAML sections and ``--field.sub`` flags); a ``cls`` as it is."""
+    if value is None:
+        return default
+    if isinstance(value, cls):
+        return value
+    if not isinstance(value, dict):
+        raise ValueError(f"expected a {cls.__name__} or a mapping of its fields, got {type(value).__name__}")
+    fields = {f.name: f for f in dataclasses.fields(cls)}  # type: ignore[arg-type]
+    unknown = sorted(set(value) - set(fields))
+    if unknown:
+        raise ValueError(f"unknown {cls.__name__} fields {unknown}; valid fields: {', '.join(fields)}")
+    hints = typing.get_type_hints(cls)
+    value = {k: tuple(v) if typing.get_origin(_unwrap_optional(hints[k])[0]) is tuple and isinstance(v, list) else v
+             for k, v in value.items()}
+    return dataclasses.replace(default, **value)
 
 
 def load_yaml(path: str | Path, cls: type) -> dict[str, Any]:
@@ -120,8 +158,14 @@ def load_yaml(path: str | Path, cls: type) -> dict[str, Any]:
 
 
 def to_dict(config: Any) -> dict[str, Any]:
-    """A config as plain YAML/JSON-able data (tuples become lists)."""
-    return {k: list(v) if isinstance(v, tuple) else v for k, v in dataclasses.asdict(config).items()}
+    """A config as plain YAML/JSON-able data (tuples become lists, nested configs mappings)."""
+    return {f.name: _plain(getattr(config, f.name)) for f in dataclasses.fields(config)}
+
+
+def _plain(value: Any) -> Any:
+    if dataclasses.is_dataclass(value):
+        return to_dict(value)
+    return list(value) if isinstance(value, tuple) else value
 
 
 def save_yaml(config: Any, path: str | Path) -> None:
