@@ -19,7 +19,7 @@ def main() -> None:
 
     # simpop's τ² module first: it stops litellm's cost-map download before τ² imports litellm.
     from simpop.envs.tau2.env import Tau2Env
-    from simpop.envs.tau2.scripted import ScriptedUser, play_gold
+    from simpop.envs.tau2.simulators import ScriptedUser, play_gold
     from simpop.envs.wrappers import UserSeat
     from tau2.data_model.simulation import SimulationRun
     from tau2.evaluator.evaluator import EvaluationType, evaluate_simulation

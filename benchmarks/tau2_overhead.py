@@ -20,7 +20,7 @@ def main() -> None:
 
     start = time.perf_counter()
     from simpop.envs.tau2.env import Tau2Env
-    from simpop.envs.tau2.scripted import GoldAgent, ScriptedUser
+    from simpop.envs.tau2.simulators import GoldAgent, ScriptedUser
     print(f"import tau2: {time.perf_counter() - start:.1f} s (once per process)")
 
     print(f"{'domain':8s} {'load s':>7s} {'reset ms':>9s} {'turn ms':>8s} {'turns':>6s} {'final ms':>9s} "

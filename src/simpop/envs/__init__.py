@@ -14,17 +14,17 @@ register("simpop/Persuasion-v0", "simpop.envs.persuasion.env:PersuasionEnv",
 register("simpop/PersuasionAct-v0", "simpop.envs.persuasion.env:PersuasionActEnv",
          default_simulator="simpop.envs.persuasion.simulators:native_act")
 register("simpop/CooperBench-mini-v0", "simpop.envs.cooperbench.env:CooperBenchEnv",
-         default_simulator="simpop.envs.cooperbench.teammates:default_teammate", dataset="mini")
+         default_simulator="simpop.envs.cooperbench.simulators:default_teammate", dataset="mini")
 register("simpop/CooperBench-v0", "simpop.envs.cooperbench.env:CooperBenchEnv",
-         default_simulator="simpop.envs.cooperbench.teammates:default_teammate")
+         default_simulator="simpop.envs.cooperbench.simulators:default_teammate")
 register("simpop/Tau2-mock-v0", "simpop.envs.tau2.env:Tau2Env",
-         default_simulator="simpop.envs.tau2.scripted:scripted_user", domain="mock")
+         default_simulator="simpop.envs.tau2.simulators:scripted_user", domain="mock")
 register("simpop/Tau2-airline-v0", "simpop.envs.tau2.env:Tau2Env",
-         default_simulator="simpop.envs.tau2.scripted:scripted_user", domain="airline")
+         default_simulator="simpop.envs.tau2.simulators:scripted_user", domain="airline")
 register("simpop/Tau2-retail-v0", "simpop.envs.tau2.env:Tau2Env",
-         default_simulator="simpop.envs.tau2.scripted:scripted_user", domain="retail")
+         default_simulator="simpop.envs.tau2.simulators:scripted_user", domain="retail")
 register("simpop/Tau2-telecom-v0", "simpop.envs.tau2.env:Tau2Env",
-         default_simulator="simpop.envs.tau2.scripted:scripted_user", domain="telecom")
+         default_simulator="simpop.envs.tau2.simulators:scripted_user", domain="telecom")
 
 register_simulator_kind("persuadee", Kind(
     "simpop.envs.persuasion.simulators:from_spec",

@@ -16,8 +16,9 @@ from pathlib import Path
 import pytest
 
 from simpop.envs.cooperbench import sandbox
-from simpop.envs.cooperbench.dataset import Task, load_dataset
+from simpop.envs.cooperbench.dataset import load_dataset
 from simpop.envs.cooperbench.evaluator import Evaluator
+from simpop.envs.cooperbench.scenario import Task
 
 CAPS = sandbox.capabilities()
 LIMITS = sandbox.Limits(timeout_s=4.0, memory_bytes=2 * 2**30, max_output_bytes=256 * 1024, max_processes=64)

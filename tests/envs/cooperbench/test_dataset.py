@@ -43,15 +43,6 @@ def test_mini_set_layout():
     assert task.combined_patch and task.tests is not None
 
 
-def test_scenario_instructions_name_the_seat_and_feature():
-    pair = {p.id: p for p in load_dataset("mini").pairs()}["kvstore/task2/f1-f3"]
-    assert pair.feature("agent1").id == 1 and pair.feature("agent2").id == 3
-    text = pair.user_instructions()
-    assert "You are agent2" in text and "expiring keys" in text and '"type": "submit"' in text
-    with pytest.raises(KeyError):
-        pair.feature("agent3")
-
-
 def test_upstream_run_tests_script_is_parsed():
     command = parse_test_script(UPSTREAM_RUN_TESTS)
     assert command is not None

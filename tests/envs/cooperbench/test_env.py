@@ -11,7 +11,7 @@ import pytest
 
 import simpop
 from simpop.envs.cooperbench.env import CooperBenchEnv
-from simpop.envs.cooperbench.teammates import ScriptedTeammate
+from simpop.envs.cooperbench.simulators import ScriptedTeammate
 from simpop.envs.dialogue import parse_observation
 
 CONFLICTING = {"f1-f2", "f3-f4"}  # by construction of the mini set (see the package docstring)

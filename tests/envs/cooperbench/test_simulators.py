@@ -1,4 +1,5 @@
-"""LLM teammates: prompt, lenient action parsing, counted fallbacks, and an embedded-model episode."""
+"""CooperBench's simulators: the native default teammate, and LLM teammates (prompt, lenient action parsing,
+counted fallbacks, an embedded-model episode)."""
 
 from __future__ import annotations
 
@@ -9,7 +10,7 @@ import pytest
 
 from simpop.agents.base import Generation, SamplingParams
 from simpop.envs.cooperbench.env import CooperBenchEnv
-from simpop.envs.cooperbench.teammates import CooperBenchFormat, ScriptedTeammate, default_teammate
+from simpop.envs.cooperbench.simulators import CooperBenchFormat, ScriptedTeammate, default_teammate
 from simpop.simulators.llm import LLMSimulator
 from simpop.simulators.registry import build_simulator
 from simpop.envs.dialogue import parse_observation

@@ -13,7 +13,7 @@ from tau2.data_model.simulation import SimulationRun
 from tau2.evaluator.evaluator import EvaluationType, evaluate_simulation
 
 from simpop.envs.tau2.env import Tau2Env
-from simpop.envs.tau2.scripted import ScriptedUser, play_gold
+from simpop.envs.tau2.simulators import ScriptedUser, play_gold
 from simpop.envs.wrappers import UserSeat
 
 #: Every k-th task with gold actions, per domain (mock: all).

@@ -9,7 +9,7 @@ import torch
 
 from simpop.agents.policy import LLMPolicy, ModelConfig
 from simpop.envs.dialogue import parse_observation
-from simpop.envs.tau2.scripted import ScriptedUser
+from simpop.envs.tau2.simulators import ScriptedUser
 from simpop.train import loop
 from simpop.train.grpo import GRPOConfig, GRPOTrainer
 

@@ -1,4 +1,5 @@
-"""simpop's generic simulators and rollout engine drive the τ² seats unchanged."""
+"""τ²'s native simulators pass the gold tasks; simpop's generic simulators and rollout engine drive the τ² seats
+unchanged."""
 
 from __future__ import annotations
 
@@ -11,7 +12,7 @@ import pytest
 from simpop.agents.base import SamplingParams
 from simpop.envs.dialogue import parse_observation
 from simpop.envs.tau2.env import Tau2Env
-from simpop.envs.tau2.scripted import ScriptedUser, play_gold
+from simpop.envs.tau2.simulators import ScriptedUser, play_gold
 from simpop.envs.wrappers import UserSeat
 from simpop.rollout import RolloutEngine
 from simpop.simulators.llm import DialogueFormat, LLMSimulator
@@ -99,3 +100,15 @@ def test_spec_strings_build_tau2_user_simulators():
     assert backends["fake"].calls[0][0][0][0] == {"role": "system", "content": env.scenario.user_instructions()}
     with pytest.raises(ValueError, match="persona_set"):  # τ² names no persona sets
         build_simulator("frozen:fake?personas=heldout", env=env, backends=backends)
+
+
+def test_gold_agent_and_scripted_user_pass_every_mock_task_with_gold_actions():
+    env = Tau2Env("mock")
+    seat = UserSeat(env, ScriptedUser())
+    passed = []
+    for task_id in env.scenario_ids():
+        if not env.load_scenario(task_id).task.evaluation_criteria.actions:
+            continue
+        reward, terminated, info = play_gold(seat, task_id)
+        passed.append(info["success"])
+    assert passed == [True] * 7

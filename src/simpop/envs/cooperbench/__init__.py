@@ -4,16 +4,19 @@ Env ids: ``simpop/CooperBench-mini-v0`` (the packaged mini task set, offline, se
 ``simpop/CooperBench-v0`` (the real benchmark: ``dataset=`` its ``dataset/`` folder, ``repos=`` the
 repository checkouts at their base commits). Seats: ``agent1`` (policy) and ``agent2`` (teammate).
 
-Modules, each documented in its docstring:
+Modules (env, scenario, simulators, then data; each documented in its docstring):
 
-- :mod:`~simpop.envs.cooperbench.dataset`: the dataset layout, feature pairs (scenarios), subsets.
+- :mod:`~simpop.envs.cooperbench.env`: the two-seat env (turn order, observations, reward).
+- :mod:`~simpop.envs.cooperbench.scenario`: the scenario, :class:`FeaturePair` (two features of one
+  task), and the task and feature types it is made of.
+- :mod:`~simpop.envs.cooperbench.simulators`: the native teammates (scripted: gold patch, failure modes)
+  and the text format LLM teammates play through.
+- :mod:`~simpop.envs.cooperbench.dataset`: the dataset layout and its loader (tasks, feature pairs, subsets).
+- :mod:`~simpop.envs.cooperbench.actions`: the JSON action language.
+- :mod:`~simpop.envs.cooperbench.patches`: patch parsing, test-file stripping, path safety.
 - :mod:`~simpop.envs.cooperbench.evaluator`: upstream's merge-and-test evaluation and its conflict rule.
 - :mod:`~simpop.envs.cooperbench.sandbox`: containment of every process (time, output, memory,
   processes, network, filesystem).
-- :mod:`~simpop.envs.cooperbench.patches`: patch parsing, test-file stripping, path safety.
-- :mod:`~simpop.envs.cooperbench.actions`: the JSON action language.
-- :mod:`~simpop.envs.cooperbench.env`: the two-seat env (turn order, observations, reward).
-- :mod:`~simpop.envs.cooperbench.teammates`: scripted (gold patch, failure modes) and LLM teammates.
 - :mod:`~simpop.envs.cooperbench.validate`: ``python -m simpop.envs.cooperbench.validate`` checks a
   dataset (base fails, gold passes, combined passes, which gold pairs conflict).
 

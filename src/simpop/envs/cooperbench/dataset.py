@@ -1,4 +1,5 @@
-"""Loading CooperBench's dataset layout (the real one, or the packaged mini set).
+"""Loading CooperBench's dataset layout (the real one, or the packaged mini set) into scenarios
+(:mod:`~simpop.envs.cooperbench.scenario`).
 
 Layout (upstream's ``dataset/`` folder)::
 
@@ -29,10 +30,10 @@ import itertools
 import json
 import re
 import shlex
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from pathlib import Path
 
-from simpop.envs.cooperbench.actions import ACTIONS_HELP
+from simpop.envs.cooperbench.scenario import Feature, FeaturePair, Task, TestCommand
 
 #: The mini task set shipped with simpop (upstream layout, plus a ``repo/`` folder per task).
 MINI_DIR = Path(__file__).resolve().parent / "mini"
@@ -43,105 +44,6 @@ _ASSIGN_RE = re.compile(r"^\s*(export\s+)?([A-Za-z_][A-Za-z0-9_]*)=(.*)$")
 _PYTEST_RE = re.compile(r"^\s*(?:\S*/)?(?:python3?(?:\.\d+)?\s+-m\s+pytest|pytest|uv\s+run\s+(?:python\s+-m\s+)?pytest)"
                         r"(\s.*)?$")
 _VAR_RE = re.compile(r"\$(?:\{([A-Za-z_][A-Za-z0-9_]*)\}|([A-Za-z_][A-Za-z0-9_]*))")
-
-
-@dataclass(frozen=True)
-class Feature:
-    """One feature of a task: the request, the gold patch and the hidden tests."""
-
-    id: int
-    description: str
-    patch: str
-    tests_patch: str
-
-
-@dataclass(frozen=True)
-class TestCommand:
-    """How a task's tests run: pytest command lines (``{python}`` stands for the interpreter)."""
-
-    lines: tuple[str, ...]
-    env: dict[str, str] = field(default_factory=dict)
-
-    def script(self, python: str) -> str:
-        """A bash script running every line, stopping at the first failure (like upstream's ``set -e``)."""
-        return "set -e\n" + "\n".join(line.replace("{python}", shlex.quote(python)) for line in self.lines) + "\n"
-
-
-@dataclass(frozen=True)
-class Task:
-    """One task: a repository at a base commit and its features.
-
-    Attributes:
-        repo: Repository name without the ``_task`` suffix (``"dspy"``).
-        task_id: The task number.
-        path: The task folder.
-        features: Feature id -> feature.
-        combined_patch: All features at once (None if the dataset has none).
-        tests: The test command, or None if the task's tests are not pytest-based.
-        checkout: The repository at its base (a git checkout, or plain files), or None if absent.
-        base_commit: The commit to evaluate against (``setup.sh``'s BASE_COMMIT; None: HEAD, or a
-            fresh commit of plain files).
-    """
-
-    repo: str
-    task_id: int
-    path: Path
-    features: dict[int, Feature]
-    combined_patch: str | None
-    tests: TestCommand | None
-    checkout: Path | None
-    base_commit: str | None
-
-    @property
-    def key(self) -> str:
-        return f"{self.repo}/task{self.task_id}"
-
-    def require_runnable(self) -> None:
-        """Raise a clear error if this task cannot be evaluated here."""
-        if self.checkout is None:
-            raise FileNotFoundError(
-                f"no repository checkout for {self.key}: run {self.path / 'setup.sh'} inside your repos "
-                f"directory (or put the checkout at <repos>/{self.repo}_task/task{self.task_id}) and pass repos=...")
-        if self.tests is None:
-            raise ValueError(f"{self.key}: no pytest command found in run_tests.sh/runner.sh; only "
-                             "pytest-based tasks can be evaluated")
-
-
-@dataclass(frozen=True)
-class FeaturePair:
-    """A scenario: two features of one task; the lower feature id goes to ``agent1``.
-
-    Attributes:
-        id: ``<repo>/task<id>/f<a>-f<b>``.
-    """
-
-    id: str
-    task: Task
-    first: Feature
-    second: Feature
-
-    def feature(self, seat: str) -> Feature:
-        """The feature assigned to ``seat`` (``agent1`` or ``agent2``)."""
-        if seat not in ("agent1", "agent2"):
-            raise KeyError(f"seats are 'agent1' and 'agent2', got {seat!r}")
-        return self.first if seat == "agent1" else self.second
-
-    def instructions(self, seat: str) -> str:
-        """The system prompt for whoever plays ``seat``: role, feature, action format."""
-        other = "agent2" if seat == "agent1" else "agent1"
-        feature = self.feature(seat)
-        return (
-            f"You are {seat}, a software engineer working on the repository {self.task.repo!r}. Your teammate "
-            f"{other} implements a different feature in the same repository at the same time. Each of you edits "
-            "your own copy; when both of you have submitted, your two patches are merged with git and both "
-            "features' hidden tests run on the merged code. You succeed only if both features pass, so agree "
-            "on who changes which files and lines, and avoid editing the same lines.\n\n"
-            f"Your feature (feature {feature.id}):\n{feature.description.strip()}\n\n{ACTIONS_HELP}"
-        )
-
-    def user_instructions(self) -> str:
-        """The prompt for an LLM teammate in the user seat (``agent2``)."""
-        return self.instructions("agent2")
 
 
 @dataclass

@@ -36,10 +36,11 @@ from typing import Any, ClassVar
 
 
 from simpop.envs.cooperbench.actions import Action, ActionError, parse_action
-from simpop.envs.cooperbench.dataset import FeaturePair, Task, load_dataset
+from simpop.envs.cooperbench.dataset import load_dataset
 from simpop.envs.cooperbench.evaluator import Evaluator, PairResult
 from simpop.envs.cooperbench.patches import is_test_path, path_problem, touched_paths
 from simpop.envs.cooperbench.sandbox import Limits
+from simpop.envs.cooperbench.scenario import FeaturePair, Task
 from simpop.envs.dialogue import DialogueEnv, Outcome, TextSpace, Turn
 
 SEATS = ("agent1", "agent2")
@@ -108,7 +109,7 @@ class CooperBenchEnv(DialogueEnv):
     @property
     def text_format(self):
         """How an LLM simulator in the user seat reads observations and writes actions."""
-        from simpop.envs.cooperbench.teammates import CooperBenchFormat
+        from simpop.envs.cooperbench.simulators import CooperBenchFormat
 
         return CooperBenchFormat(self.user_seat)
 

@@ -44,8 +44,8 @@ from pathlib import Path
 from typing import Any
 
 from simpop.envs.cooperbench import sandbox
-from simpop.envs.cooperbench.dataset import Task
 from simpop.envs.cooperbench.patches import path_problem, strip_test_files, touched_paths, unsafe_paths
+from simpop.envs.cooperbench.scenario import Task
 
 CONFLICT_RULES = ("lead", "union")
 #: Limits for git itself (it only ever sees validated patches).

@@ -1,4 +1,4 @@
-"""Teammate simulators for CooperBench's second seat (or either seat).
+"""CooperBench's native simulators: teammates for the second seat (or either seat).
 
 - :class:`ScriptedTeammate` announces the files it will touch, writes its feature's gold patch
   file by file and submits. Failure modes, fixed or drawn per episode: ``silent`` (no
@@ -18,9 +18,9 @@ import numpy as np
 
 from simpop.agents.base import Chat
 from simpop.envs.cooperbench.actions import Action, find_action
-from simpop.envs.cooperbench.dataset import FeaturePair
 from simpop.envs.cooperbench.evaluator import patched_files
 from simpop.envs.cooperbench.patches import touched_paths
+from simpop.envs.cooperbench.scenario import FeaturePair
 from simpop.envs.dialogue import parse_observation
 from simpop.seat import Simulator
 

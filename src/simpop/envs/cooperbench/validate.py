@@ -14,8 +14,9 @@ import sys
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 
-from simpop.envs.cooperbench.dataset import Dataset, FeaturePair, Task, load_dataset
+from simpop.envs.cooperbench.dataset import Dataset, load_dataset
 from simpop.envs.cooperbench.evaluator import CONFLICT_RULES, Evaluator, FeatureResult
+from simpop.envs.cooperbench.scenario import FeaturePair, Task
 
 
 @dataclass

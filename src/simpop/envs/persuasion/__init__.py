@@ -4,7 +4,7 @@
 of their $2 task payment ($0–$2) to Save the Children. In the corpus (1,017 dialogues, ≈10 turns each)
 53.6% of persuadees donated; the mean donation was $0.35 ($0.65 among donors; 57 gave the full $2).
 
-**Envs** (registered in :mod:`simpop.envs`; both share scenarios, seats and outcome):
+**Envs** (:mod:`.env`, registered in :mod:`simpop.envs`; both share scenarios, seats and outcome):
 
 - ``simpop/Persuasion-v0`` (text): actions are messages of 1–``max_message_chars`` (1000) characters;
   observations are JSON text (``DialogueEnv.text_observation``) with an extra ``instructions`` field: the
@@ -37,11 +37,12 @@ seat's reward is 0). After ``max_turns`` (default 10) exchanges without one, the
 and ``donated``. At the act level, agree-donation / provide-donation-amount / confirm-donation donate
 their amount, disagree-donation(-more) states $0.
 
-**Scenarios** (:mod:`.env`). ``scenario_ids()`` are ``p4g-0000`` … ``p4g-0199``: personas drawn from
+**Scenarios** (:mod:`.scenario`). ``scenario_ids()`` are ``p4g-0000`` … ``p4g-0199``: personas drawn from
 :class:`PersonaSampler` with a fixed seed (``n_scenarios``, ``scenario_seed``), or with ``corpus_dir=``
 one per corpus dialogue (``p4g-corpus-<id>``, the real persuadee's persona). A
 :class:`PersuasionScenario` has ``id``, ``persona``, ``context`` (the $2 donation task) and the prompts
 ``user_instructions()`` (persona, context, and "end with ``[DONATE $N]``") and ``policy_instructions()``.
+``persona_set(name)`` gives the named persona sets of simulator specs (``modal``, ``heldout-<n>-<seed>``).
 
 **Personas and calibration** (:mod:`.personas`, :mod:`.model`). A :class:`Persona` holds the 32 P4G survey
 attributes (Big-Five 1–5, moral foundations 1–6, Schwartz values 1–6, decision style 1–5, demographics
@@ -62,6 +63,7 @@ gets a 53.6% donor rate and a $0.35 mean donation; the defaults are calibrated (
 natural phrasings without a tag). Decoding ``"sample"`` (with ``temperature``) or ``"greedy"`` (every
 argmax, donate iff p > 0.5, canonical phrasing); ``ActPersuadee(decoding="greedy",
 persona_override=modal_persona())`` is the mode-collapsed frozen simulator of the collapse experiment.
+Their trainable form, ``TrainableActPersuadee`` (``trainable:persuadee``), is in :mod:`.trainable`.
 
 **Corpus** (:mod:`.corpus`). ``load_corpus(dir)`` reads the real files: ``full_dialog.csv`` (``Unit``,
 ``Turn``, ``B4`` role 0 = persuader / 1 = persuadee, ``B2`` dialogue id), ``full_info.csv`` (``B2``, ``B3``,
@@ -76,10 +78,11 @@ naming the file, column and row. The corpus is not shipped.
 reference persuader and the native persuadee.
 """
 
-from simpop.envs.persuasion.env import PersuasionActEnv, PersuasionEnv, PersuasionScenario
+from simpop.envs.persuasion.env import PersuasionActEnv, PersuasionEnv
 from simpop.envs.persuasion.model import PersuadeeModel, PersuadeeParams, calibrate
 from simpop.envs.persuasion.outcome import parse_donation
 from simpop.envs.persuasion.personas import Persona, PersonaSampler, modal_persona
+from simpop.envs.persuasion.scenario import PersuasionScenario
 
 __all__ = ["Persona", "PersonaSampler", "PersuadeeModel", "PersuadeeParams", "PersuasionActEnv", "PersuasionEnv",
            "PersuasionScenario", "calibrate", "modal_persona", "parse_donation"]

@@ -21,14 +21,14 @@ call the caller sees the result and acts again; a message passes the turn. The r
 evaluator on the finished trajectory (its default evaluation; NL assertions with a judge model), with
 the components in ``info``.
 
-Modules:
+Modules (env, scenario, simulators, then data):
 
 - :mod:`~simpop.envs.tau2.env`: :class:`Tau2Env`.
 - :mod:`~simpop.envs.tau2.scenario`: :class:`Tau2Scenario`.
+- :mod:`~simpop.envs.tau2.simulators`: the native simulators, :class:`ScriptedUser` (replays the task's
+  instructions; the single-agent view's default user) and :class:`GoldAgent` (replays the gold actions).
 - :mod:`~simpop.envs.tau2.domains`: the τ² import and the per-process domain cache.
 - :mod:`~simpop.envs.tau2.tool_calls`: parsing tool calls from text; describing tools to a model.
-- :mod:`~simpop.envs.tau2.scripted`: :class:`ScriptedUser` (replays the task's instructions; the
-  single-agent view's default user) and :class:`GoldAgent` (replays the gold actions).
 - :mod:`~simpop.envs.tau2.litellm_provider`: ``register(name, backend)`` routes τ²'s own LLM calls
   (``model="simpop/<name>"``) to a simpop backend, e.g. the NL-assertion judge.
 

@@ -1,5 +1,6 @@
-"""Scripted τ² participants for tests and baselines: a user that replays its task's instructions, and
-an agent that replays its task's gold actions. Neither needs a model or imports τ².
+"""τ²'s native simulators: scripted participants for tests and baselines. :class:`ScriptedUser` replays its
+task's instructions (:func:`scripted_user` makes it the single-agent view's default user); :class:`GoldAgent`
+replays the task's gold actions (:func:`play_gold` runs one task with it). Neither needs a model or imports τ².
 """
 
 from __future__ import annotations
