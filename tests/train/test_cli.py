@@ -7,7 +7,7 @@ import json
 import yaml
 
 from simpop.cli import main
-from simpop.train import checkpoint
+from simpop import checkpoint
 
 ENV = ["--env", "simpop/PersuasionAct-v0", "--no-progress"]
 SMALL = ["--group-size", "2", "--scenarios-per-update", "2", "--env-arg", "max_turns=4"]
@@ -43,7 +43,7 @@ def test_train_grpo_writes_run_folder_and_resumes(tmp_path, capsys):
     assert saved["model"]["hidden_size"] == 16 and saved["grpo"]["algorithm"] == "grpo"  # flags win over YAML
     assert json.loads((out / "run.json").read_text()) == {"trainer": "grpo", "env": "simpop/PersuasionAct-v0",
                                                           "simulator": "native", "env_kwargs": {"max_turns": 4},
-                                                          "panel": ""}
+                                                          "panel": "", "eval_episodes": 32}
     assert _steps(out) == [1, 2] and {r["kind"] for r in _records(out)} == {"train"}
     assert (out / "checkpoints").is_dir() and (out / "tb").is_dir()
     assert "update 2/2" in capsys.readouterr().out

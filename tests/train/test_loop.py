@@ -13,7 +13,8 @@ from simpop.agents.policy import ModelConfig, build_policy
 from simpop.envs.persuasion.simulators import native_act
 from simpop.evaluation.metrics import WALL_CLOCK_KEYS
 from simpop.rollout import RolloutEngine
-from simpop.train import checkpoint, loop
+from simpop import checkpoint
+from simpop.train import loop
 from simpop.train.grpo import GRPOConfig, GRPOTrainer
 
 ENV = "simpop/PersuasionAct-v0"

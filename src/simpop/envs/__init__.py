@@ -25,6 +25,8 @@ register("simpop/Tau2-retail-v0", "simpop.envs.tau2.env:Tau2Env",
          default_simulator="simpop.envs.tau2.simulators:scripted_user", domain="retail")
 register("simpop/Tau2-telecom-v0", "simpop.envs.tau2.env:Tau2Env",
          default_simulator="simpop.envs.tau2.simulators:scripted_user", domain="telecom")
+register("simpop/Tau2-telecom-workflow-v0", "simpop.envs.tau2.env:Tau2Env",
+         default_simulator="simpop.envs.tau2.simulators:scripted_user", domain="telecom-workflow")
 
 register_simulator_kind("persuadee", Kind(
     "simpop.envs.persuasion.simulators:from_spec",

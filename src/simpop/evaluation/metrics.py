@@ -1,6 +1,7 @@
 """Scalar metrics and the per-step metrics log.
 
-``success_rate`` and ``mean_ci`` summarise episodes; ``categorical_entropy`` and
+``success_rate`` and ``wilson_ci`` summarise episodes (a success rate with a Wilson score interval, which
+stays within [0, 1]); ``mean_ci`` (Student-t) summarises per-seed values; ``categorical_entropy`` and
 ``mean_token_entropy`` are the policy-entropy diagnostics (DESIGN.md §3 Evaluation);
 :class:`MetricsLogger` writes ``metrics.jsonl`` (one JSON object per step) and, when TensorBoard is
 installed, the same scalars as TensorBoard events.
@@ -12,6 +13,7 @@ import json
 import math
 from collections.abc import Iterable, Sequence
 from pathlib import Path
+from statistics import NormalDist
 from typing import Any
 
 import numpy as np
@@ -24,6 +26,39 @@ def success_rate(successes: Iterable[bool | float]) -> float:
     """Fraction of successful episodes (NaN for none)."""
     values = [float(s) for s in successes]
     return float(np.mean(values)) if values else math.nan
+
+
+def wilson_ci(successes: float, n: int, level: float = 0.95) -> tuple[float, float, float]:
+    """Success rate and its two-sided Wilson score interval ``(rate, lo, hi)``, always within [0, 1].
+
+    With ``z`` the standard normal quantile at ``0.5 + level / 2`` and ``p = successes / n``::
+
+        centre = (p + z^2 / (2n)) / (1 + z^2 / n)
+        half   = z / (1 + z^2 / n) * sqrt(p (1 - p) / n + z^2 / (4 n^2))
+
+    Unlike the normal (Wald) or Student-t interval it never leaves [0, 1] and is not empty at 0 or n
+    successes. With ``n == 0`` all three are NaN.
+
+    Args:
+        successes: Number of successes (0 <= successes <= n; fractional counts are allowed).
+        n: Number of trials.
+        level: Confidence level in (0, 1).
+    """
+    if not 0 < level < 1:
+        raise ValueError(f"level must be in (0, 1), e.g. 0.95; got {level}")
+    if n < 0 or not 0 <= successes <= max(n, 0):
+        raise ValueError(f"need 0 <= successes <= n, got successes={successes}, n={n}")
+    if n == 0:
+        return math.nan, math.nan, math.nan
+    z = NormalDist().inv_cdf(0.5 + level / 2)
+    p = successes / n
+    scale = 1 + z * z / n
+    centre = (p + z * z / (2 * n)) / scale
+    half = z / scale * math.sqrt(p * (1 - p) / n + z * z / (4 * n * n))
+    # At 0 (or n) successes the bound is exactly 0 (or 1); computed, it can be off by a rounding error.
+    lo = 0.0 if successes == 0 else max(0.0, centre - half)
+    hi = 1.0 if successes == n else min(1.0, centre + half)
+    return p, lo, hi
 
 
 def mean_ci(values: Sequence[float], level: float = 0.95) -> tuple[float, float, float]:

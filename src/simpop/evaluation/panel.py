@@ -9,17 +9,24 @@ Policy entropy is measured on the policy's own decisions in those dialogues by t
 (:class:`~simpop.agents.policy.Policy`): act level, the entropy of its action distribution at each
 decision; text level, the mean per-token entropy of its generated tokens. Both are in nats; a policy
 without an ``entropy`` method (a remote model, a scripted agent) reports nan.
+
+Every dialogue is also kept as an :class:`EpisodeRecord` (member, scenario, seed, reward, success, the
+transcript as ``{seat, text}`` turns, ...), and success rates come with Wilson score 95% intervals
+(:func:`~simpop.evaluation.metrics.wilson_ci`), which stay within [0, 1]. ``simpop eval``
+(:mod:`simpop.evaluation.eval_run`) writes these records to ``episodes.jsonl``.
 """
 
 from __future__ import annotations
 
+import json
 import math
-from collections.abc import Mapping
-from dataclasses import dataclass, field
+from collections.abc import Callable, Mapping
+from dataclasses import asdict, dataclass, field
 from typing import Any
 
 import numpy as np
 
+from simpop.evaluation.metrics import wilson_ci
 from simpop.rollout import RolloutEngine, Trajectory
 from simpop.seat import Simulator
 from simpop.simulators.population import Panel
@@ -34,12 +41,18 @@ class EvalResult:
         per_member: Success per simulator name.
         entropy: Mean policy entropy (nats) over its decisions in all dialogues.
         episodes: Dialogues run in total.
+        ci: Wilson 95% interval of ``success``.
+        per_member_ci: Wilson 95% interval of each member's success.
+        records: Every dialogue, member by member (not compared by ``==``).
     """
 
     success: float
     per_member: dict[str, float] = field(default_factory=dict)
     entropy: float = math.nan
     episodes: int = 0
+    ci: tuple[float, float] = (math.nan, math.nan)
+    per_member_ci: dict[str, tuple[float, float]] = field(default_factory=dict)
+    records: list[EpisodeRecord] = field(default_factory=list, compare=False, repr=False)
 
 
 def policy_entropy(policy: Any, trajectories: list[Trajectory]) -> float:
@@ -65,11 +78,160 @@ def evaluate(env_id: str, policy: Any, simulators: Panel | Mapping[str, Simulato
         raise ValueError(f"episodes must be >= 1, got {episodes}")
     members = (dict(simulators.members) if isinstance(simulators, Panel)
                else dict(simulators) if isinstance(simulators, Mapping) else {simulators.name: simulators})
-    per_member, everything = {}, []
+    from simpop.envs.registration import make
+
+    pool = EnvPool(lambda: make(env_id, **(env_kwargs or {})))
+    per_member, per_member_ci, everything, records = {}, {}, [], []
     for name, simulator in members.items():
-        engine = RolloutEngine(env_id, policy, simulator, env_kwargs=env_kwargs)
+        engine = RolloutEngine(pool.factory(), policy, simulator)
+        begin_wave(policy, pool.take(episodes))  # collect runs all ``episodes`` dialogues as one wave
         trajectories = engine.collect(episodes, group_size=1, seed=seed)
+        wins = sum(t.success for t in trajectories)
         per_member[name] = float(np.mean([t.success for t in trajectories]))
+        per_member_ci[name] = wilson_ci(wins, len(trajectories))[1:]
+        seen: dict[str, int] = {}  # a scenario drawn again (more episodes than scenarios) is its next trial
+        for i, t in enumerate(trajectories):
+            records.append(episode_record(t, pool.envs[i], member=name, index=i, trial=seen.get(t.scenario_id, 0)))
+            seen[t.scenario_id] = seen.get(t.scenario_id, 0) + 1
         everything += trajectories
+    wins = sum(t.success for t in everything)
     return EvalResult(float(np.mean([t.success for t in everything])), per_member,
-                      policy_entropy(policy, everything), len(everything))
+                      policy_entropy(policy, everything), len(everything), wilson_ci(wins, len(everything))[1:],
+                      per_member_ci, records)
+
+
+# ---------------------------------------------------------------------------------------------- per episode
+@dataclass
+class EpisodeRecord:
+    """One finished (or failed) dialogue of an evaluation, as written to ``episodes.jsonl``.
+
+    Attributes:
+        member: The panel member (simulator name) that played the user seat.
+        scenario: The scenario (task) id.
+        trial: Which trial of this scenario for this member (0, 1, ... with ``--num-trials``; repeats of a
+            scenario drawn more than once otherwise).
+        index: Position of the episode in the member's plan (the order of an uninterrupted run).
+        seed: The env reset seed.
+        reward: The policy seat's return (0 for a failed episode).
+        success: The env's ``info["success"]`` at the end, else ``reward > 0`` (False for a failed episode).
+        turns: Accepted turns in the transcript (both seats).
+        policy_turns: Actions the policy took, rejected ones included.
+        invalid_actions: Policy actions the env rejected (garbage, wrong format, ...).
+        terminated: The task ended (vs. truncated by the turn cap).
+        truncated: The turn cap ended the dialogue.
+        transcript: The accepted turns, ``[{"seat": ..., "text": ...}]``.
+        simulator: The concrete simulator that drove the dialogue (a member of a population member).
+        error: ``"ExceptionType: message"`` when the policy or simulator raised; the episode then counts
+            as a failure.
+        entropy: The policy's mean entropy (nats) at its decisions in this dialogue; None if it cannot say.
+        entropy_weight: What ``entropy`` is a mean over (act level: decisions; text: generated tokens).
+        info: The env's final info for the policy seat (JSON-safe).
+        extra: Benchmark data (τ²: the trajectory as τ² messages and its reward info).
+    """
+
+    member: str
+    scenario: str
+    trial: int
+    index: int
+    seed: int
+    reward: float = 0.0
+    success: bool = False
+    turns: int = 0
+    policy_turns: int = 0
+    invalid_actions: int = 0
+    terminated: bool = False
+    truncated: bool = False
+    transcript: list[dict[str, str]] = field(default_factory=list)
+    simulator: str = ""
+    error: str | None = None
+    entropy: float | None = None
+    entropy_weight: int = 0
+    info: dict[str, Any] = field(default_factory=dict)
+    extra: dict[str, Any] = field(default_factory=dict)
+
+    @property
+    def key(self) -> tuple[str, str, int]:
+        """``(member, scenario, trial)``: what identifies an episode across a resumed run."""
+        return self.member, self.scenario, self.trial
+
+    def to_json(self) -> str:
+        return json.dumps(asdict(self), ensure_ascii=False, sort_keys=True, default=_json_default)
+
+    @classmethod
+    def from_json(cls, line: str) -> EpisodeRecord:
+        data = json.loads(line)
+        if not isinstance(data, dict):
+            raise ValueError("an episode record is a JSON object")
+        known = {f for f in cls.__dataclass_fields__}
+        return cls(**{k: v for k, v in data.items() if k in known})
+
+
+def transcript_of(env: Any) -> list[dict[str, str]]:
+    """The env's transcript as ``[{"seat", "text"}]`` (accepted turns, in order)."""
+    return [{"seat": str(t.seat), "text": str(t.text)} for t in getattr(env, "transcript", [])]
+
+
+def episode_record(trajectory: Trajectory, env: Any, *, member: str, index: int, trial: int,
+                   entropy: float | None = None, entropy_weight: int = 0) -> EpisodeRecord:
+    """The record of a finished dialogue; ``env`` is the env that ran it (its transcript is read)."""
+    info = trajectory.infos[-1] if trajectory.infos else {}
+    # The env flags a rejected action in the acting seat's info only: these infos are the policy seat's.
+    invalid = sum("invalid_action" in i for i in trajectory.infos)
+    return EpisodeRecord(member=member, scenario=trajectory.scenario_id, trial=trial, index=index,
+                         seed=int(trajectory.seed), reward=float(trajectory.total_reward),
+                         success=bool(trajectory.success), turns=len(getattr(env, "transcript", [])),
+                         policy_turns=trajectory.policy_turns, invalid_actions=int(invalid),
+                         terminated=trajectory.terminated, truncated=trajectory.truncated,
+                         transcript=transcript_of(env), simulator=trajectory.simulator,
+                         entropy=entropy, entropy_weight=int(entropy_weight), info=json_safe(info))
+
+
+def json_safe(value: Any) -> Any:
+    """``value`` with everything JSON cannot hold turned into plain values (numpy) or strings."""
+    return json.loads(json.dumps(value, default=_json_default))
+
+
+def _json_default(value: Any) -> Any:
+    if isinstance(value, np.generic):
+        return value.item()
+    if isinstance(value, np.ndarray):
+        return value.tolist()
+    if isinstance(value, (set, frozenset, tuple)):
+        return list(value)
+    return str(value)
+
+
+# ---------------------------------------------------------------------------------------------- env pool
+class EnvPool:
+    """Envs shared by rollout engines, so that the caller can read each dialogue's env after a wave.
+
+    A :class:`~simpop.rollout.RolloutEngine` built with ``pool.factory()`` runs the ``i``-th dialogue of a
+    wave in ``pool.envs[i]`` (the engine asks its env factory for envs in slot order). Policies that need
+    each dialogue's env (scenario-aware reference agents, CooperBench's text format) get the wave's envs
+    through :func:`begin_wave`.
+
+    Args:
+        make_env: Builds one env.
+    """
+
+    def __init__(self, make_env: Callable[[], Any]):
+        self.make_env = make_env
+        self.envs: list[Any] = []
+
+    def take(self, n: int) -> list[Any]:
+        """The first ``n`` envs (built as needed)."""
+        while len(self.envs) < n:
+            self.envs.append(self.make_env())
+        return self.envs[:n]
+
+    def factory(self) -> Callable[[], Any]:
+        """An env factory for one engine: its ``k``-th call returns ``envs[k]``."""
+        calls = iter(range(1 << 62))
+        return lambda: self.take(next(calls) + 1)[-1]
+
+
+def begin_wave(policy: Any, envs: list[Any]) -> None:
+    """Tell a policy that needs dialogue envs which envs the next wave runs in (others need nothing)."""
+    hook = getattr(policy, "begin_wave", None)
+    if callable(hook):
+        hook(envs)

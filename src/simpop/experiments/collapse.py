@@ -272,7 +272,7 @@ def run_one(config: CollapseConfig, condition: str, seed: int, out: Path, resume
 
     from simpop.envs.registration import make
     from simpop.evaluation.panel import evaluate
-    from simpop.train import checkpoint
+    from simpop import checkpoint
     from simpop.train.loop import LoopConfig, run
 
     run_dir = out / "runs" / condition / f"seed{seed}"

@@ -9,6 +9,7 @@
     simpop train grpo ... --config run.yaml --lr 3e-5      # YAML values, overridden by flags
     simpop train grpo ... --out runs/grpo --resume          # continue a killed run to --updates
     simpop train grpo ... --panel panel.yaml --eval-every 10   # held-out panel success in metrics.jsonl
+    simpop train grpo --env simpop/PersuasionAct-v0 ... --panel p4g-act-v1   # a shipped named panel
     simpop train cotrain --env simpop/PersuasionAct-v0 --simulator trainable:persuadee --updates 50 --out runs/co
     simpop train cotrain --env simpop/PersuasionAct-v0 --updates 50 --out runs/population \\
         --population-size 3 --pool-size 6 --pool-sample-prob 0.25 --snapshot-every 5
@@ -19,8 +20,17 @@
 A trainer is one entry of :data:`TRAINERS`: its config classes (every field of each is a ``--flag``;
 names are disjoint within a trainer, argparse refuses a clash) and a ``build`` function. The run folder
 gets ``config.yaml`` (every config, by section; reusable with ``--config``, which also takes a flat
-mapping), ``run.json`` (trainer, env, simulator, env arguments, panel), ``metrics.jsonl``, TensorBoard
-events under ``tb/`` and checkpoints under ``checkpoints/`` (:func:`simpop.train.loop.run`).
+mapping), ``run.json`` (trainer, env, simulator, env arguments, panel: a named panel's name or the panel
+file's absolute path, evaluation episodes), ``metrics.jsonl``, TensorBoard events under ``tb/`` and
+checkpoints under ``checkpoints/`` (:func:`simpop.train.loop.run`).
+
+When the loop finishes, the final policy is exported to ``final/`` (:func:`simpop.agents.export.export_policy`;
+``--no-export`` skips it): a text policy as a standard HF model folder (a LoRA adapter merged into the base,
+or with ``--export-adapter`` the PEFT adapter folder plus a reference to its base) that ``simpop eval``,
+``simpop serve transformers:RUN/final`` and vLLM load; an act-level policy (GRPO's ``ActPolicy``, PPO's
+actor-critic) as ``policy.pt`` + its constructor arguments in ``simpop_export.json`` (not an HF model;
+:func:`simpop.agents.export.load_exported` reads it back). A resumed run that had nothing left to do
+exports only if ``final/`` is missing (e.g. the process was killed while exporting).
 """
 
 from __future__ import annotations
@@ -94,8 +104,9 @@ def configure(parser: argparse.ArgumentParser) -> None:
         run.add_argument("--simulator", action="append", default=None, metavar="SPEC",
                          help=f"user-seat simulator spec (default {entry.default_simulator}); repeat it for a uniform "
                               "population (cotrain: one trainable spec, built population-size times); see simpop.seat")
-        run.add_argument("--panel", type=Path, help="YAML panel of held-out simulators to evaluate on every "
-                                                    "--eval-every updates (see simpop.simulators.registry)")
+        run.add_argument("--panel", help="held-out simulators to evaluate on every --eval-every updates: a named "
+                                         "panel (simpop.evaluation.panels, e.g. p4g-act-v1) or a panel YAML file "
+                                         "(see simpop.simulators.registry)")
         run.add_argument("--eval-episodes", type=int, default=32, help="dialogues per panel member and evaluation")
         run.add_argument("--updates", type=int, required=True, help="total number of updates of the run")
         run.add_argument("--out", type=Path, required=True, help="run folder (metrics, checkpoints, config)")
@@ -106,6 +117,9 @@ def configure(parser: argparse.ArgumentParser) -> None:
         run.add_argument("--threads", type=int, help="torch CPU threads (default: torch's choice; on a busy CPU, 1 "
                                                      "can be many times faster)")
         run.add_argument("--no-progress", action="store_true", help="hide the progress bar")
+        run.add_argument("--no-export", action="store_true", help="do not export the final policy to OUT/final")
+        run.add_argument("--export-adapter", action="store_true",
+                         help="LoRA policies: export the PEFT adapter + a base reference instead of merged weights")
         for cls in entry.configs.values():
             add_arguments(p, _load(cls))
 
@@ -124,10 +138,12 @@ def run(args: argparse.Namespace) -> int:
         env = simpop.make(args.env, **kwargs)
         simulator = args.simulator or [entry.default_simulator]
         spec: Any = simulator[0] if len(simulator) == 1 else simulator
+        panel = resolve_panel(args.panel, args.env) if args.panel else ""
         trainer = _load(entry.build)(args.env, env, spec, configs, kwargs)
-        evaluate = panel_evaluation(args, env, trainer, kwargs) if args.panel else None
+        evaluate = panel_evaluation(args, env, trainer, kwargs, panel) if panel else None
         prepare_run_dir(args.out, args.resume, configs, {"trainer": args.trainer, "env": args.env, "simulator": spec,
-                                                         "env_kwargs": kwargs, "panel": str(args.panel or "")})
+                                                         "env_kwargs": kwargs, "panel": panel,
+                                                         "eval_episodes": args.eval_episodes})
     except (ValueError, KeyError, TypeError, FileNotFoundError) as error:
         print(f"simpop train {args.trainer}: error: {error}", file=sys.stderr)
         return 2
@@ -141,7 +157,37 @@ def run(args: argparse.Namespace) -> int:
         last = history[-1]
         print(f"{args.out}: update {trainer.update_count}/{args.updates}  "
               + "  ".join(f"{k}={last[k]:.4g}" for k in entry.summary if k in last))
+    if not args.no_export and (history or not (args.out / "final").exists()):
+        try:
+            export_final(trainer, args)
+        except Exception as error:  # the run itself is complete and checkpointed: say how to retry the export
+            print(f"simpop train {args.trainer}: error: exporting the final policy to {args.out / 'final'} failed: "
+                  f"{type(error).__name__}: {error}. The run and its checkpoints are intact; rerun the same command "
+                  f"with --resume to export again", file=sys.stderr)
+            return 1
     return 0
+
+
+def export_final(trainer: Any, args: argparse.Namespace) -> Path:
+    """Export the trainer's policy to ``OUT/final`` (replacing an older export atomically) and say where."""
+    from simpop.agents.export import export_policy, read_manifest
+    from simpop.train.ppo import ActorCritic
+
+    policy = trainer.policy
+    init_args = None
+    if isinstance(policy, ActorCritic):
+        # Rebuilt from its layer sizes; the value head is exported too (it is part of the module).
+        first, last = policy.pi[0], policy.pi[-1]
+        init_args = {"obs_dim": first.in_features, "n_actions": last.out_features, "hidden_size": first.out_features}
+    out = export_policy(policy, args.out / "final", merge=not args.export_adapter, step=trainer.update_count,
+                        overwrite=True, init_args=init_args,
+                        metadata={"trainer": args.trainer, "env": args.env, "run": str(args.out.absolute())})
+    manifest = read_manifest(out)
+    what = {"merged": "HF model (LoRA merged)", "adapter": "PEFT adapter + base reference", "full": "HF model",
+            "act-mlp": "act-level MLP (policy.pt, not an HF model)",
+            "torch-module": f"{manifest['policy']} (policy.pt, not an HF model)"}[manifest["kind"]]
+    print(f"{args.out}: exported the final policy (update {trainer.update_count}) to {out}: {what}")
+    return out
 
 
 # ------------------------------------------------------------------------------------------ builders
@@ -185,12 +231,30 @@ def build_ppo(env_id: str, env: Any, spec: Any, configs: dict[str, Any], kwargs:
     return PPOTrainer(env_id, lambda: build_simulator(spec, env), configs["ppo"], env_kwargs=kwargs)
 
 
-def panel_evaluation(args: argparse.Namespace, env: Any, trainer: Any, kwargs: dict[str, Any]):
+def resolve_panel(panel: str, env_id: str) -> str:
+    """``--panel`` as stored in ``run.json``: a shipped panel's name (checked against the env), else the
+    panel file's absolute path (it must exist)."""
+    from simpop.evaluation.panels import named_panels, panel_definition
+
+    if panel in named_panels():
+        panel_definition(panel).check_env(env_id)
+        return panel
+    path = Path(panel).expanduser()
+    if not path.is_file():
+        raise FileNotFoundError(f"--panel {panel}: no such file, and not a named panel ({', '.join(named_panels())})")
+    return str(path.resolve())
+
+
+def panel_evaluation(args: argparse.Namespace, env: Any, trainer: Any, kwargs: dict[str, Any], panel_ref: str):
     """``evaluate(step)``: success on the ``--panel`` members and on the training simulator, policy entropy."""
     from simpop.evaluation.panel import evaluate
+    from simpop.evaluation.panels import load_named_panel, named_panels
     from simpop.simulators.registry import load_panel
 
-    panel = load_panel(args.panel, env)
+    if panel_ref in named_panels():
+        panel = load_named_panel(panel_ref, env, env_id=args.env)
+    else:
+        panel = load_panel(panel_ref, env)
     if trainer.training_simulator is not None:
         panel.check_disjoint([trainer.training_simulator])
 
@@ -256,7 +320,7 @@ def prepare_run_dir(out: Path, resume: bool, configs: dict[str, Any], run_info: 
     """Check that ``out`` fits a new or resumed run, then write ``config.yaml`` and ``run.json``."""
     import yaml
 
-    from simpop.train import checkpoint
+    from simpop import checkpoint
     from simpop.train.config import to_dict
 
     resolved = {section: to_dict(config) for section, config in configs.items()}
@@ -270,9 +334,16 @@ def prepare_run_dir(out: Path, resume: bool, configs: dict[str, Any], run_info: 
             if changed:
                 raise ValueError(f"--resume with different settings than the run in {out}: " + ", ".join(changed)
                                  + f"; pass the same flags (or --config {config_path}), or use a new --out")
-        if info_path.exists() and json.loads(info_path.read_text()) != run_info:
-            raise ValueError(f"--resume with a different env/simulator than the run in {out}: "
-                             f"{json.loads(info_path.read_text())} vs {run_info}; use the same flags or a new --out")
+        if info_path.exists():
+            saved_info = json.loads(info_path.read_text())
+            # A run.json from before a field existed does not record it: compare what it does record; such a
+            # run stored --panel as typed (relative to where it was started, taken to be here).
+            if saved_info.get("panel") and "eval_episodes" not in saved_info:
+                saved_info["panel"] = str(Path(saved_info["panel"]).expanduser().resolve())
+            if {k: v for k, v in run_info.items() if k in saved_info} != {k: saved_info[k] for k in run_info
+                                                                              if k in saved_info}:
+                raise ValueError(f"--resume with a different env/simulator/panel than the run in {out}: "
+                                 f"{saved_info} vs {run_info}; use the same flags or a new --out")
     elif checkpoint.latest(out) is not None or (out / "metrics.jsonl").exists():
         raise ValueError(f"{out} already holds a run; pass --resume to continue it, or choose another --out")
     out.mkdir(parents=True, exist_ok=True)

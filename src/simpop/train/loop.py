@@ -22,7 +22,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Protocol, runtime_checkable
 
-from simpop.train import checkpoint
+from simpop import checkpoint
 
 
 @runtime_checkable

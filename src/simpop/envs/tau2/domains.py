@@ -4,17 +4,27 @@ Importing this module imports τ² (4–7 s, mostly litellm); registering the en
 import it sets ``LITELLM_LOCAL_MODEL_COST_MAP=True`` (litellm would otherwise try to download its cost
 map) and silences τ²'s loguru output (``loguru.logger.enable("tau2")`` turns it back on).
 
-A :class:`Domain` loads the domain's tasks, split file, policy and database once; every episode gets
+A :class:`Domain` loads the domain's tasks, task splits, policy and database once; every episode gets
 a fresh database validated from the pristine one's cached JSON instead of re-reading the data file
 (about twice as fast as τ²'s loader, and faster than a deep copy; airline: ~0.15 s). τ²'s evaluator builds its environments through τ²'s registry; we register the same
 constructor, fed from the cache, under :attr:`Domain.evaluator_domain`, so the evaluator itself runs
 unchanged.
+
+**Task splits** are τ²'s own: the split file its task loader reads (``split_tasks.json``: split name ->
+task ids; τ² 26.3 defines ``base``, ``train``, ``test`` for airline and retail, ``base``, ``train``,
+``test``, ``small``, ``full`` for telecom and telecom-workflow, and ``base`` for mock, whose registry
+entry has no split loader but whose task loader reads the same file). τ²'s extra telecom task sets
+``telecom_full`` and ``telecom_small`` are the ``full`` and ``small`` splits. Split None is τ²'s
+default task set, what its task loader returns when given no split: ``base`` (every task for mock,
+which is also its ``base``).
 """
 
 from __future__ import annotations
 
 import functools
+import inspect
 import os
+import sys
 from dataclasses import dataclass
 from typing import Any
 
@@ -28,7 +38,7 @@ try:
     from tau2.agent.base import BaseAgent
     from tau2.config import DEFAULT_LLM_NL_ASSERTIONS
     from tau2.data_model.message import AssistantMessage, Message, ToolCall, ToolMessage, UserMessage
-    from tau2.data_model.simulation import RewardInfo, SimulationRun, TerminationReason
+    from tau2.data_model.simulation import Results, RewardInfo, SimulationRun, TerminationReason
     from tau2.data_model.tasks import Task
     from tau2.environment.environment import Environment
     from tau2.environment.tool import as_tool
@@ -38,6 +48,7 @@ try:
     from tau2.gym.gym_agent import done as done_tool
     from tau2.orchestrator.orchestrator import Orchestrator, Role
     from tau2.registry import registry
+    from tau2.utils.utils import get_now
     from tau2.user.base import BaseUser
     from tau2.user.user_simulator import SYSTEM_PROMPT as USER_SYSTEM_PROMPT
     from tau2.user.user_simulator import UserSimulator
@@ -46,14 +57,15 @@ except ImportError as e:  # pragma: no cover - exercised only without the extra
     raise ImportError(f"the τ²-bench envs need the `tau2` package ({e}); install it with: "
                       "pip install simpop[tau2]") from e
 
-#: The domains simpop exposes (τ²'s registry names; telecom uses its "manual" tech-support policy).
-DOMAINS = ("mock", "airline", "retail", "telecom")
+#: The domains simpop exposes (τ²'s registry names: each is both a τ² domain and a τ² task set). ``telecom``
+#: uses τ²'s "manual" tech-support policy, ``telecom-workflow`` its "workflow" policy, on the same tasks.
+DOMAINS = ("mock", "airline", "retail", "telecom", "telecom-workflow")
 
 __all__ = [
     "AGENT_INSTRUCTION", "AGENT_SYSTEM_PROMPT", "DEFAULT_LLM_NL_ASSERTIONS", "DOMAINS", "USER_SYSTEM_PROMPT",
     "AssistantMessage", "BaseAgent", "BaseUser", "Domain", "EvaluationType", "GymAgent", "Message", "Orchestrator",
     "RewardInfo", "Role", "Task", "TerminationReason", "ToolCall", "ToolMessage", "UserMessage", "UserSimulator",
-    "domain", "evaluate", "is_successful", "user_guidelines",
+    "Results", "SimulationRun", "domain", "evaluate", "get_now", "is_successful", "user_guidelines",
 ]
 
 
@@ -62,9 +74,11 @@ class Domain:
     """One τ² domain's data, loaded once per process.
 
     Attributes:
-        name: τ²'s domain name.
-        tasks: Task id -> τ² task, in τ²'s order (the domain's default task set).
-        splits: τ²'s split file (split name -> task ids); empty where τ² ships none (mock).
+        name: τ²'s domain name (also the name of its task set in τ²'s registry).
+        tasks: Task id -> τ² task, every task of the task set (all splits), in τ²'s order.
+        splits: τ²'s task splits (split name -> task ids), from the split file τ²'s task loader reads.
+        default_split: The split τ²'s task loader uses when given none (``"base"``), or None where that
+            is every task (mock).
         policy: The agent's domain policy.
         agent_tools: OpenAI function schemas of the agent's tools, plus τ²'s gym ``done`` tool.
         user_tools: Schemas of the user's tools (telecom's dual control), or None.
@@ -74,6 +88,7 @@ class Domain:
     name: str
     tasks: dict[str, Task]
     splits: dict[str, list[str]]
+    default_split: str | None
     policy: str
     agent_tools: list[dict[str, Any]]
     user_tools: list[dict[str, Any]] | None
@@ -86,15 +101,38 @@ class Domain:
         return registry.get_env_constructor(self.name)(solo_mode=solo_mode, **kwargs)
 
     def task_ids(self, split: str | None) -> list[str]:
-        """Task ids of ``split`` (None: all tasks), in τ²'s order."""
+        """Task ids of τ²'s task split ``split``, in τ²'s order (None: τ²'s default task set, see the module).
+
+        Raises:
+            ValueError: ``split`` is not one of the splits τ² defines for this domain (the message lists them).
+        """
         if split is None:
-            return list(self.tasks)
+            split = self.default_split
+            if split is None:
+                return list(self.tasks)
         if split not in self.splits:
-            available = ", ".join(sorted(self.splits)) or "none"
-            raise ValueError(f"τ² domain {self.name!r} has no task split {split!r}; its split file has: "
-                             f"{available}. Pass split=None for all tasks.")
+            raise ValueError(f"τ² domain {self.name!r} has no task split {split!r}; τ² defines: "
+                             f"{self.describe_splits()}. Pass one of these, or split=None for τ²'s default "
+                             f"({self.default_split or 'every task'}).")
         wanted = set(self.splits[split])
         return [i for i in self.tasks if i in wanted]
+
+    def describe_splits(self) -> str:
+        """``"base (50 tasks), test (20 tasks), ..."``: every split τ² defines for this domain."""
+        return ", ".join(f"{name} ({len(ids)} tasks)" for name, ids in sorted(self.splits.items())) or "no splits"
+
+
+def _split_loader(task_loader: Any, name: str) -> Any:
+    """The function that reads τ²'s split file for task set ``name``.
+
+    τ²'s registry records it for airline, retail and telecom; for mock it records none, although mock's
+    task loader reads a split file through its module's ``get_tasks_split`` (so ``tau2 run --domain mock``,
+    whose default split is ``base``, works). Either way it is the file τ²'s own loader filters by.
+    """
+    registered = registry.get_task_splits_loader(name)
+    if registered is not None:
+        return registered
+    return getattr(sys.modules.get(task_loader.__module__), "get_tasks_split", None)
 
 
 @functools.cache
@@ -107,11 +145,17 @@ def domain(name: str) -> Domain:
     databases = {"db": pristine.tools.db}
     if pristine.user_tools is not None:
         databases["user_db"] = pristine.user_tools.db
-    split_loader = registry.get_task_splits_loader(name)
+    task_loader = registry.get_tasks_loader(name)
+    split_loader = _split_loader(task_loader, name)
+    splits = {str(k): list(v) for k, v in (split_loader() if split_loader is not None else {}).items()}
+    # What τ²'s loader returns when called with no split: its signature's default.
+    parameter = inspect.signature(task_loader).parameters.get("task_split_name")
+    default_split = None if parameter is None or parameter.default is inspect.Parameter.empty else parameter.default
     d = Domain(
         name=name,
-        tasks={t.id: t for t in registry.get_tasks_loader(name)()},
-        splits=dict(split_loader()) if split_loader is not None else {},
+        tasks={t.id: t for t in task_loader(task_split_name=None)},
+        splits=splits,
+        default_split=default_split,
         policy=pristine.get_policy(),
         agent_tools=[t.openai_schema for t in pristine.get_tools()] + [as_tool(done_tool).openai_schema],
         user_tools=[t.openai_schema for t in pristine.get_user_tools()] if pristine.user_tools else None,
@@ -129,10 +173,8 @@ def user_guidelines(with_tools: bool) -> str:
     return get_global_user_sim_guidelines(use_tools=with_tools)
 
 
-def evaluate(d: Domain, task: Task, messages: list, termination: TerminationReason,
+def evaluate(d: Domain, task: Task, simulation: SimulationRun,
              evaluation_type: EvaluationType = EvaluationType.ALL) -> RewardInfo:
     """τ²'s own evaluation of a finished trajectory (``evaluate_simulation``, unchanged)."""
-    run = SimulationRun(id=f"{d.name}:{task.id}", task_id=task.id, start_time="", end_time="", duration=0.0,
-                        termination_reason=termination, messages=messages)
-    return evaluate_simulation(simulation=run, task=task, evaluation_type=evaluation_type, solo_mode=False,
+    return evaluate_simulation(simulation=simulation, task=task, evaluation_type=evaluation_type, solo_mode=False,
                                domain=d.evaluator_domain)

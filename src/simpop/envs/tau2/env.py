@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import logging
+import time
 from typing import Any, ClassVar
 
 from gymnasium import spaces
@@ -13,6 +14,9 @@ from simpop.envs.tau2.scenario import Tau2Scenario
 from simpop.envs.tau2.tool_calls import ParsedAction, ToolCallError, format_tool_call, parse_action
 
 log = logging.getLogger(__name__)
+
+#: Tau2Env's default ``max_steps`` and ``max_errors`` (τ²'s own defaults are the same numbers).
+DEFAULT_MAX_STEPS, DEFAULT_MAX_ERRORS = 100, 10
 
 
 class _SeatAgent(t2.BaseAgent):
@@ -94,11 +98,16 @@ class Tau2Env(DialogueEnv):
     Reward: τ²'s evaluator (``evaluate_simulation``, default evaluation ``ALL``; with ``nl_judge``,
     ``ALL_WITH_NL_ASSERTIONS``) on the finished trajectory, given to both seats; the final info holds
     the components (``reward_breakdown``, ``db_match``, per-check lists, ``termination_reason``) and
-    ``success`` (reward 1, τ²'s pass criterion).
+    ``success`` (reward 1, τ²'s pass criterion). After the episode, :meth:`simulation_run` returns it as
+    τ²'s ``SimulationRun`` (messages, termination reason, reward info), the record τ²'s results files hold.
 
     Args:
-        domain: ``"mock"``, ``"airline"``, ``"retail"`` or ``"telecom"``.
-        split: A task split from τ²'s split file (``"train"``, ``"test"``, ...), or None for all tasks.
+        domain: ``"mock"``, ``"airline"``, ``"retail"``, ``"telecom"`` or ``"telecom-workflow"`` (telecom's
+            tasks under τ²'s workflow tech-support policy).
+        split: A task split τ² defines for the domain: ``"base"``, ``"train"``, ``"test"`` (airline,
+            retail, telecom); ``"small"`` (20 tasks), ``"full"`` (2285) (telecom); ``"base"`` (mock).
+            None: τ²'s default task set (``"base"``; mock: every task). Anything else is refused with
+            a message that lists the domain's splits.
         max_steps: Seat actions (rejected ones included) before the episode is truncated; τ²'s own
             ``max_steps`` also counts each tool result, so 100 here is about τ²'s 100–200.
         max_errors: Failed tool calls that end the episode (τ²'s ``max_errors``).
@@ -116,7 +125,8 @@ class Tau2Env(DialogueEnv):
     user_seat: ClassVar[str] = "user"
     first_seat: ClassVar[str] = "user"
 
-    def __init__(self, domain: str = "mock", split: str | None = None, max_steps: int = 100, max_errors: int = 10,
+    def __init__(self, domain: str = "mock", split: str | None = None, max_steps: int = DEFAULT_MAX_STEPS,
+                 max_errors: int = DEFAULT_MAX_ERRORS,
                  max_user_repeats: int | None = 5, max_user_errors: int | None = 3, max_action_chars: int = 8192,
                  nl_judge: str | None = None, render_mode: str | None = None):
         for name, value, least in (("max_errors", max_errors, 1), ("max_user_repeats", max_user_repeats, 2),
@@ -136,6 +146,7 @@ class Tau2Env(DialogueEnv):
         super().__init__(max_steps=max_steps, render_mode=render_mode)
         self.orchestrator: t2.Orchestrator | None = None
         self.reward_info: t2.RewardInfo | None = None
+        self._simulation: t2.SimulationRun | None = None
 
     # ----------------------------------------------------------------- DialogueEnv hooks
     def _make_spaces(self):
@@ -162,6 +173,8 @@ class Tau2Env(DialogueEnv):
         self.transcript = _history_turns(self.orchestrator.trajectory)
         self.to_act = self._seat_of(self.orchestrator.to_role)
         self.reward_info = None
+        self._simulation = None
+        self._start_time, self._clock = t2.get_now(), time.perf_counter()
         self._termination: t2.TerminationReason | None = None
         self._termination_info: dict[str, Any] = {}
         self._outcome_cache: Outcome | None = None
@@ -298,25 +311,32 @@ class Tau2Env(DialogueEnv):
         assert self.orchestrator is not None
         d = t2.domain(self.domain)
         task = self.scenario.task
-        messages = self.trajectory()
+        run = t2.SimulationRun(id=f"simpop/{d.name}/{task.id}/seed-{self.user_seed}", task_id=task.id,
+                               start_time=self._start_time, end_time=t2.get_now(),
+                               duration=time.perf_counter() - self._clock, termination_reason=reason,
+                               messages=self.trajectory(), seed=self.user_seed)
         info: dict[str, Any] = {"termination_reason": reason.value, "num_tool_errors": self.orchestrator.num_errors,
                                 **self._termination_info}
         result = None
         if self.nl_judge is not None:
             try:
                 result = _with_nl_judge(self.nl_judge, lambda: t2.evaluate(
-                    d, task, messages, reason, t2.EvaluationType.ALL_WITH_NL_ASSERTIONS))
+                    d, task, run, t2.EvaluationType.ALL_WITH_NL_ASSERTIONS))
             except Exception as e:  # a judge that is not a τ² judge (non-JSON reply, ...) must not end training
                 log.warning("τ² NL-assertion judging failed on task %s (%s); using the default evaluation", task.id, e)
                 info["nl_judge_error"] = f"{type(e).__name__}: {e}"
         if result is None:
             try:
-                result = t2.evaluate(d, task, messages, reason)
+                result = t2.evaluate(d, task, run)
             except Exception as e:  # e.g. a trajectory τ²'s replay rejects; scored 0, logged, never raised
                 log.warning("τ²'s evaluator failed on task %s (%s); reward 0", task.id, e)
                 info["evaluation_error"] = f"{type(e).__name__}: {e}"
         self.reward_info = result
         reward = float(result.reward) if result is not None else 0.0
+        # τ²'s record of a run its evaluator could not score: reward 0 with the reason (as τ²'s own skipped runs).
+        run.reward_info = result if result is not None else t2.RewardInfo(
+            reward=0.0, reward_basis=None, info={"evaluation_error": info["evaluation_error"]})
+        self._simulation = run
         info.update(reward=reward, success=t2.is_successful(reward), **(_components(result) if result is not None else {}))
         self._outcome_cache = Outcome({a: reward for a in self.possible_agents}, info)
         return self._outcome_cache
@@ -325,6 +345,30 @@ class Tau2Env(DialogueEnv):
         """The episode as τ² messages, exactly what τ²'s evaluator receives."""
         assert self.orchestrator is not None, "call reset() first"
         return self.orchestrator.get_trajectory()
+
+    def simulation_run(self, trial: int | None = None) -> t2.SimulationRun:
+        """The finished episode as τ²'s ``SimulationRun``: what τ²'s evaluator scored, with its ``RewardInfo``.
+
+        It holds the task id, the τ² messages, the termination reason, the reward info (the env's reward
+        is ``reward_info.reward``), start and end times and the user seat's seed (``seed``); its id is
+        ``simpop/<domain>/<task>/seed-<user seed>``. Collect one per episode and hand them to
+        :func:`simpop.envs.tau2.results.write_tau2_results` for a results file τ²'s tooling reads.
+
+        Args:
+            trial: The trial number to record (τ²'s ``--num-trials`` index), or None.
+
+        Returns:
+            A copy: later episodes do not change it.
+
+        Raises:
+            RuntimeError: No episode has ended since the last reset.
+        """
+        if self._simulation is None:
+            raise RuntimeError("simulation_run() needs a finished episode: step until terminated or truncated "
+                               "(after reset() the new episode has not ended yet)")
+        if trial is not None and (isinstance(trial, bool) or not isinstance(trial, int) or trial < 0):
+            raise ValueError(f"trial must be a non-negative int or None, got {trial!r}")
+        return self._simulation.model_copy(deep=True, update={"trial": trial})
 
 
 def _with_nl_judge(model: str, evaluate):

@@ -7,7 +7,7 @@ import random
 import numpy as np
 import torch
 
-from simpop.train import checkpoint
+from simpop import checkpoint
 
 
 def test_save_load_latest_and_rng(tmp_path):

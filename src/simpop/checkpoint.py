@@ -1,4 +1,5 @@
-"""Atomic training checkpoints and the random-number state they carry.
+"""Atomic training checkpoints and the random-number state they carry (written by the run loop, read by
+``simpop eval`` for ``run:`` policies).
 
 A checkpoint is one ``torch.save`` file ``run_dir/checkpoints/step_<k>.pt`` holding whatever the
 trainer's ``state_dict()`` returns (policy, optimiser, update counter, ...) plus the Python, NumPy and
@@ -86,6 +87,12 @@ def latest(run_dir: str | Path) -> Path | None:
     folder = checkpoint_dir(run_dir)
     found = _all(folder) if folder.is_dir() else []
     return found[-1] if found else None
+
+
+def by_step(run_dir: str | Path) -> dict[int, Path]:
+    """Step -> complete checkpoint file of ``run_dir`` (empty when it has none)."""
+    folder = checkpoint_dir(run_dir)
+    return {int(_NAME.match(p.name).group(1)): p for p in _all(folder)} if folder.is_dir() else {}
 
 
 def _all(folder: Path) -> list[Path]:

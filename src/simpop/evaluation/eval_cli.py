@@ -1,0 +1,223 @@
+"""``simpop eval``: benchmark a policy on a held-out simulator panel; ``simpop eval compare A B``.
+
+Examples::
+
+    simpop eval --env simpop/PersuasionAct-v0 --policy run:runs/grpo --panel p4g-act-v1 --episodes 200 \\
+        --seed 0 --out evals/grpo
+    simpop eval --env simpop/Tau2-mock-v0 --policy openai:http://127.0.0.1:8000/v1#my-agent \\
+        --panel tau2-mock-v1 --num-trials 4 --concurrency 16 --out evals/agent
+    simpop eval --env simpop/Persuasion-v0 --policy reference --panel my_panel.yaml --episodes 50 --out evals/ref
+    simpop eval compare evals/ref evals/grpo
+
+``--policy`` forms: :mod:`simpop.evaluation.policies`. ``--panel``: a shipped panel's name
+(:mod:`simpop.evaluation.panels`) or a panel YAML file. Outputs and resuming: :mod:`simpop.evaluation.eval_run`.
+With ``--run DIR`` (or a ``run:DIR`` policy) the panel must be held out from that training run's simulators
+(:meth:`~simpop.simulators.population.Panel.check_disjoint`).
+
+Exit codes: 0 done; 1 every episode failed; 2 bad input (unknown env, panel, policy, unreachable endpoint,
+an ``--out`` holding another evaluation, ...), with a one-line message; 130 interrupted (finished episodes
+are kept: rerun with ``--resume``).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import logging
+import sys
+from pathlib import Path
+from typing import Any
+
+log = logging.getLogger(__name__)
+
+
+def configure(parser: argparse.ArgumentParser) -> None:
+    parser.formatter_class = argparse.RawDescriptionHelpFormatter
+    parser.epilog = ("policy specs: openai:BASE_URL#MODEL | hf:PATH | transformers:PATH | smollm2 | run:DIR[@STEP] | "
+                     "reference | module:attr\n"
+                     "compare:      simpop eval compare A B   (two --out folders; paired B - A per member and task)")
+    parser.add_argument("action", nargs="*", metavar="compare A B",
+                        help="compare two evaluation folders instead of running one")
+    parser.add_argument("--env", help="registered env id (simpop envs lists them)")
+    parser.add_argument("--policy", help="what plays the policy seat (forms below)")
+    parser.add_argument("--panel", help="a shipped panel's name (e.g. p4g-act-v1) or a panel YAML file")
+    parser.add_argument("--episodes", type=int,
+                        help="episodes per panel member (distinct scenarios while there are enough)")
+    parser.add_argument("--num-trials", type=int, help="trials of every task per member (instead of --episodes; "
+                                                       "τ² pass^k for k = 1..K)")
+    parser.add_argument("--seed", type=int, default=0, help="seeds scenarios, env resets and sampling (default 0); "
+                                                            "compare: the bootstrap's seed")
+    parser.add_argument("--out", type=Path, help="output folder (compare: where to write compare.json/.md)")
+    parser.add_argument("--resume", action="store_true", help="continue the evaluation in --out")
+    parser.add_argument("--concurrency", type=int, default=8, help="dialogues run side by side (default 8)")
+    parser.add_argument("--env-arg", action="append", default=[], metavar="KEY=VALUE",
+                        help="env constructor argument (YAML value), repeatable, e.g. --env-arg max_turns=4")
+    parser.add_argument("--run", type=Path, help="a simpop train run folder: check that the panel is held out from "
+                                                 "its simulators (default: the run of a run:DIR policy)")
+    parser.add_argument("--temperature", type=float, default=0.0, help="text policies' temperature (default 0)")
+    parser.add_argument("--top-p", type=float, default=1.0, help="text policies' nucleus mass (default 1)")
+    parser.add_argument("--max-new-tokens", type=int, default=512, help="text policies' reply limit (default 512)")
+    parser.add_argument("--resamples", type=int, default=10_000, help="compare: bootstrap resamples (default 10000)")
+    parser.add_argument("--threads", type=int, help="torch CPU threads")
+    parser.add_argument("--no-progress", action="store_true", help="hide the progress bar")
+
+
+def run(args: argparse.Namespace) -> int:
+    if not logging.getLogger().handlers:
+        logging.basicConfig(level=logging.WARNING, format="simpop eval: %(levelname)s: %(message)s")
+    if args.action:
+        return _compare(args)
+    try:
+        return _evaluate(args)
+    except _InputError as error:
+        print(f"simpop eval: error: {error}", file=sys.stderr)
+        return 2
+
+
+class _InputError(Exception):
+    """Bad input: printed as one line, exit code 2."""
+
+
+def _one_line(error: BaseException) -> str:
+    text = " ".join(part.strip() for part in str(error).strip().splitlines() if part.strip())
+    if isinstance(error, KeyError) and text.startswith(("'", '"')) and text.endswith(("'", '"')):
+        text = text[1:-1]
+    return text or type(error).__name__
+
+
+def _evaluate(args: argparse.Namespace) -> int:
+    missing = [flag for flag, value in (("--env", args.env), ("--policy", args.policy), ("--panel", args.panel),
+                                        ("--out", args.out)) if not value]
+    if missing:
+        raise _InputError(f"{', '.join(missing)} required (or: simpop eval compare A B)")
+    if (args.episodes is None) == (args.num_trials is None):
+        raise _InputError("give exactly one of --episodes N (per member) and --num-trials K (every task K times)")
+    if args.threads is not None:
+        import torch
+
+        torch.set_num_threads(args.threads)
+    import yaml
+
+    from simpop.agents.base import SamplingParams
+    from simpop.agents.openai_backend import RemoteBackendError
+
+    setup_errors = (ValueError, KeyError, TypeError, FileNotFoundError, ImportError, RemoteBackendError,
+                    yaml.YAMLError, json.JSONDecodeError)
+    try:
+        import simpop
+        from simpop.evaluation.policies import load_policy
+
+        kwargs = env_kwargs(args.env_arg)
+        env = simpop.make(args.env, **kwargs)
+        panel, card = load_panel_arg(args.panel, env, args.env)
+        print(card)
+        print(f"policy: {args.policy}")
+        sampling = SamplingParams(max_new_tokens=args.max_new_tokens, temperature=args.temperature, top_p=args.top_p)
+        policy = load_policy(args.policy, env, env_id=args.env, sampling=sampling, max_concurrency=args.concurrency)
+        run_dir = args.run
+        if run_dir is None and args.policy.startswith("run:"):
+            run_dir = Path(args.policy[len("run:"):].rpartition("@")[0] or args.policy[len("run:"):])
+        if run_dir is not None:
+            check_against_run(panel, run_dir, env)
+            print(f"panel {panel.name} is held out from the simulators of {run_dir}")
+    except setup_errors as error:
+        raise _InputError(_one_line(error)) from None
+
+    from simpop.evaluation.eval_run import REPORT, evaluate_panel
+
+    try:
+        summary = evaluate_panel(args.env, policy, panel, episodes=args.episodes, num_trials=args.num_trials,
+                                 seed=args.seed, out=args.out, resume=args.resume, concurrency=args.concurrency,
+                                 env_kwargs=kwargs, progress=not args.no_progress, policy_spec=args.policy)
+    except ValueError as error:  # settings: an --out holding another evaluation, a resume that does not match
+        raise _InputError(_one_line(error)) from None
+    except KeyboardInterrupt:
+        print(f"\nsimpop eval: interrupted; finished episodes are kept in {args.out}; rerun with --resume",
+              file=sys.stderr)
+        return 130
+    report = (args.out / REPORT).read_text(encoding="utf-8")
+    start = report.index("## Success")
+    end = report.index("\n## ", start + 1)
+    print(report[start:end].strip())
+    if summary.get("tau2") and summary["tau2"].get("pass_hat_k"):
+        print("pass^k: " + ", ".join(f"k={k}: {v:.3f}" for k, v in summary["tau2"]["pass_hat_k"].items()))
+    print(f"wrote {args.out}/summary.json, report.md, success.png, episodes.jsonl")
+    if summary["errors"]:
+        print(f"simpop eval: {summary['errors']} of {summary['episodes']} episode(s) failed with an error "
+              f"(see 'error' in episodes.jsonl); they count as failures", file=sys.stderr)
+    if summary["episodes"] and summary["errors"] == summary["episodes"]:
+        return 1
+    return 0
+
+
+def env_kwargs(pairs: list[str]) -> dict[str, Any]:
+    """``["max_turns=4", ...]`` -> ``{"max_turns": 4}`` (values parsed as YAML scalars)."""
+    import yaml
+
+    out = {}
+    for pair in pairs:
+        key, sep, value = pair.partition("=")
+        if not sep or not key:
+            raise ValueError(f"--env-arg takes KEY=VALUE (e.g. max_turns=4), got {pair!r}")
+        out[key] = yaml.safe_load(value)
+    return out
+
+
+def load_panel_arg(name_or_path: str, env: Any, env_id: str) -> tuple[Any, str]:
+    """The panel ``--panel`` names (a shipped panel or a YAML file) and its printable card."""
+    from simpop.simulators.registry import load_panel
+
+    try:
+        from simpop.evaluation import panels
+    except ImportError:
+        panels = None
+    if panels is not None:
+        definition = panels.panel_definition(name_or_path)
+        definition.check_env(env_id)
+        panel = load_panel({"name": definition.name, "members": dict(definition.members)}, env)
+        return panel, panels.panel_card(panel, definition.description or None)
+    path = Path(name_or_path)
+    if not path.is_file():
+        raise ValueError(f"unknown panel {name_or_path!r}: no such panel YAML file (named panels are not available "
+                         f"in this install)")
+    panel = load_panel(path, env)
+    from simpop.evaluation.eval_run import member_spec
+
+    rows = [f"  {name}  {member_spec(simulator)}" for name, simulator in panel]
+    return panel, "\n".join([f"panel {panel.name}: {len(rows)} member(s)", *rows])
+
+
+def check_against_run(panel: Any, run_dir: Path, env: Any) -> None:
+    """Raise PanelOverlapError unless ``panel`` is held out from the simulators of training run ``run_dir``."""
+    from simpop.simulators.population import Population
+    from simpop.simulators.registry import build_simulator
+
+    info_path = Path(run_dir) / "run.json"
+    if not info_path.is_file():
+        raise FileNotFoundError(f"{run_dir} is not a simpop train run folder (no run.json)")
+    spec = json.loads(info_path.read_text()).get("simulator")
+    if not spec:
+        raise ValueError(f"{info_path} names no training simulator")
+    training = build_simulator(spec, env)
+    panel.check_disjoint(training if isinstance(training, Population) else [training])
+
+
+def _compare(args: argparse.Namespace) -> int:
+    if len(args.action) != 3 or args.action[0] != "compare":
+        print(f"simpop eval: error: unknown arguments {' '.join(args.action)!r}; use simpop eval compare A B, or "
+              f"simpop eval --env ... --policy ... --panel ...", file=sys.stderr)
+        return 2
+    from simpop.evaluation.eval_run import compare_evaluations, compare_table
+
+    try:
+        result = compare_evaluations(args.action[1], args.action[2], resamples=args.resamples, seed=args.seed)
+    except (ValueError, FileNotFoundError) as error:
+        print(f"simpop eval compare: error: {_one_line(error)}", file=sys.stderr)
+        return 2
+    table = compare_table(result)
+    print(table, end="")
+    if args.out is not None:
+        args.out.mkdir(parents=True, exist_ok=True)
+        (args.out / "compare.json").write_text(json.dumps(result, indent=2, sort_keys=True) + "\n")
+        (args.out / "compare.md").write_text(table, encoding="utf-8")
+    return 0
