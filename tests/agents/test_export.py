@@ -185,11 +185,12 @@ def test_lora_policy_exports_a_merged_hf_model(lora_policy, tmp_path):
 
     exported = AutoModelForCausalLM.from_pretrained(out)
     assert not any("lora" in name for name, _ in exported.named_parameters())
-    assert (_logits(exported, ids) - live).abs().max() < 1e-4
+    # Merging W + BA rounds differently from applying BA on the side: equal up to float32 round-off (logits ~1e2).
+    torch.testing.assert_close(_logits(exported, ids), live, rtol=1e-4, atol=1e-3)
     reloaded = load_exported(out)  # simpop's own loader: an LLMPolicy on a TransformersBackend
     assert isinstance(reloaded.backend, TransformersBackend) and reloaded.sampling == lora_policy.sampling
     assert reloaded.backend.encode_chat(HELLO) == ids  # the tokenizer and its chat template came along
-    assert (_logits(reloaded.backend.model, ids) - live).abs().max() < 1e-4
+    torch.testing.assert_close(_logits(reloaded.backend.model, ids), live, rtol=1e-4, atol=1e-3)
 
 
 @pytest.mark.slow
