@@ -71,3 +71,16 @@ def make(id: str, **kwargs: Any):
     """Build the PettingZoo env registered as ``id``; keyword arguments override the defaults."""
     s = spec(id)
     return load(s.entry_point)(**{**s.kwargs, **kwargs})
+
+
+def parse_env_args(pairs: list[str]) -> dict[str, Any]:
+    """Command-line env arguments ``["max_turns=4", ...]`` -> ``{"max_turns": 4}`` (values parsed as YAML scalars)."""
+    import yaml
+
+    out = {}
+    for pair in pairs:
+        key, sep, value = pair.partition("=")
+        if not sep or not key:
+            raise ValueError(f"--env-arg takes KEY=VALUE (e.g. max_turns=4), got {pair!r}")
+        out[key] = yaml.safe_load(value)
+    return out

@@ -105,9 +105,10 @@ def _evaluate(args: argparse.Namespace) -> int:
                     yaml.YAMLError, json.JSONDecodeError)
     try:
         import simpop
+        from simpop.envs.registration import parse_env_args
         from simpop.evaluation.policies import load_policy
 
-        kwargs = env_kwargs(args.env_arg)
+        kwargs = parse_env_args(args.env_arg)
         env = simpop.make(args.env, **kwargs)
         panel, card = load_panel_arg(args.panel, env, args.env)
         print(card)
@@ -148,19 +149,6 @@ def _evaluate(args: argparse.Namespace) -> int:
     if summary["episodes"] and summary["errors"] == summary["episodes"]:
         return 1
     return 0
-
-
-def env_kwargs(pairs: list[str]) -> dict[str, Any]:
-    """``["max_turns=4", ...]`` -> ``{"max_turns": 4}`` (values parsed as YAML scalars)."""
-    import yaml
-
-    out = {}
-    for pair in pairs:
-        key, sep, value = pair.partition("=")
-        if not sep or not key:
-            raise ValueError(f"--env-arg takes KEY=VALUE (e.g. max_turns=4), got {pair!r}")
-        out[key] = yaml.safe_load(value)
-    return out
 
 
 def load_panel_arg(name_or_path: str, env: Any, env_id: str) -> tuple[Any, str]:

@@ -260,7 +260,8 @@ class DialoguePolicy:
         return [self.act(slot, obs, rng) for slot, obs in zip(slots, observations)]
 
     def act(self, slot: int, observation: Any, rng: np.random.Generator) -> Any:
-        raise NotImplementedError
+        """One slot's turn; subclasses implement it (or override :meth:`act_slots` for the whole batch)."""
+        raise NotImplementedError(f"{type(self).__name__} must implement act() or act_slots()")
 
 
 class ReferencePersuader(DialoguePolicy):

@@ -132,9 +132,10 @@ def run(args: argparse.Namespace) -> int:
         torch.set_num_threads(args.threads)
     try:  # setup errors are the user's to fix: say what, without a traceback
         import simpop
+        from simpop.envs.registration import parse_env_args
 
         configs = build_configs(entry, args)
-        kwargs = env_kwargs(args.env_arg)
+        kwargs = parse_env_args(args.env_arg)
         env = simpop.make(args.env, **kwargs)
         simulator = args.simulator or [entry.default_simulator]
         spec: Any = simulator[0] if len(simulator) == 1 else simulator
@@ -300,19 +301,6 @@ def _yaml_sections(path: Path, classes: dict[str, type]) -> dict[str, dict[str, 
         unknown = sorted(set(values) - fields[section])
         if unknown:
             raise ValueError(f"{path}: unknown {section} fields {unknown}; valid: {', '.join(sorted(fields[section]))}")
-    return out
-
-
-def env_kwargs(pairs: list[str]) -> dict[str, Any]:
-    """``["max_turns=4", ...]`` -> ``{"max_turns": 4}`` (values parsed as YAML scalars)."""
-    import yaml
-
-    out = {}
-    for pair in pairs:
-        key, sep, value = pair.partition("=")
-        if not sep or not key:
-            raise ValueError(f"--env-arg takes KEY=VALUE (e.g. max_turns=4), got {pair!r}")
-        out[key] = yaml.safe_load(value)
     return out
 
 
