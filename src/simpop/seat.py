@@ -7,6 +7,9 @@ trainers and evaluation all speak the same contract without importing each other
 - :class:`Simulator`: whatever fills the user (or teammate) seat, driving many dialogues at once
   through *slots*; :class:`DistributionalSimulator`: one that can state its reply distribution;
   :class:`Trainable`: one whose parameters a co-trainer updates (with :class:`Scores`).
+- :class:`Survey` / :func:`survey_of`: a closing question with fixed options that an env may ask the user
+  seat as its last turn (P4G's donation survey); :class:`SurveyAnswerer`: a simulator that answers it as a
+  constrained choice.
 - :class:`SimulatorSpec`: a comparable description of a simulator and its string form;
   :func:`register_simulator_kind` / :data:`KINDS`: the kinds a spec string can name. Kinds are
   string entry points (nothing is imported until a simulator is built by
@@ -31,6 +34,7 @@ canonical and ``SimulatorSpec.parse(str(spec)) == spec``.
 
 from __future__ import annotations
 
+import json
 from abc import ABC, abstractmethod
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
@@ -149,6 +153,73 @@ class DistributionalSimulator(Protocol):
 
     def slot_rng(self, slot: int) -> np.random.Generator:
         """The random generator the slot was started with."""
+        ...
+
+
+# ================================================================================ closing surveys
+#: The key of a text observation (a JSON object) that holds a :class:`Survey` (``{"question", "options"}``).
+SURVEY_KEY = "survey"
+
+
+@dataclass(frozen=True)
+class Survey:
+    """A closing question with fixed answer options, asked of the user seat as its last turn.
+
+    An env asks it by putting ``{"survey": {"question": ..., "options": [...]}}`` into the user seat's JSON
+    text observation (:meth:`as_dict`); the answer is an ordinary action: the chosen option's text (the env
+    says how it reads other text). Simulators that cannot choose (no scoring) answer the question in free text.
+
+    Attributes:
+        question: The question as the user seat reads it (it lists the options).
+        options: The answers, in order (e.g. ``("$0.00", "$0.05", ...)``).
+    """
+
+    question: str
+    options: tuple[str, ...]
+
+    def __post_init__(self) -> None:
+        object.__setattr__(self, "options", tuple(self.options))
+        if not self.question.strip() or not self.options or not all(
+                isinstance(o, str) and o.strip() for o in self.options):
+            raise ValueError("a survey needs a question and at least one non-empty option")
+
+    def as_dict(self) -> dict[str, Any]:
+        return {"question": self.question, "options": list(self.options)}
+
+
+def survey_of(observation: Any) -> Survey | None:
+    """The :class:`Survey` a text observation asks (under :data:`SURVEY_KEY`), or None; never raises."""
+    if not isinstance(observation, str) or f'"{SURVEY_KEY}"' not in observation:
+        return None
+    try:
+        view = json.loads(observation)
+        found = view.get(SURVEY_KEY) if isinstance(view, dict) else None
+        if (isinstance(found, dict) and isinstance(found.get("question"), str)
+                and isinstance(found.get("options"), list)):
+            return Survey(found["question"], tuple(found["options"]))
+    except (ValueError, TypeError, RecursionError):
+        pass
+    return None
+
+
+@runtime_checkable
+class SurveyAnswerer(Protocol):
+    """A simulator that answers a closing :class:`Survey` as a constrained choice among its options.
+
+    Its ``act_batch`` answers survey observations through :meth:`answer_survey` (a batch may mix survey and
+    dialogue turns); callers that want the answer distribution itself (e.g. its entropy) use
+    :meth:`survey_distribution`.
+    """
+
+    def survey_distribution(self, observations: list[Any], slots: list[int],
+                            surveys: list[Survey]) -> list[list[float] | None]:
+        """Per slot, each option's probability under the simulator's decoding (greedy: one-hot on the mode),
+        or None where it cannot say (it then answers in free text). Changes no slot state, draws nothing."""
+        ...
+
+    def answer_survey(self, observations: list[Any], slots: list[int], surveys: list[Survey]) -> list[Any]:
+        """Per slot, the answer action: an option's text drawn from :meth:`survey_distribution` with the
+        slot's generator (greedy: the most likely option), or free text where the distribution is None."""
         ...
 
 
@@ -421,7 +492,7 @@ register_simulator_kind("verbalized", Kind(
     "simpop.simulators.verbalized:from_spec",
     "verbalized sampling: an LLM lists k replies with probabilities (verbalized:MODEL), or a simulator's "
     "stated distribution is renormalised (verbalized:KIND[:MODEL]); one reply is sampled",
-    decoding={**_SAMPLING, "max_new_tokens": 256, "k": 5, "tau": 1.0, "floor": 0.01},
+    decoding={**_SAMPLING, "max_new_tokens": 256, "k": 5, "tau": 1.0, "floor": 0.01, "constrained": True},
     extra={"fallback_temperature": 1.0, "fallback_max_new_tokens": 64}, wraps="distribution"))
 register_simulator_kind("trainable", Kind(
     "simpop.simulators.trainable:from_spec",

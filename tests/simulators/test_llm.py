@@ -43,7 +43,8 @@ def test_one_backend_call_per_batch_and_greedy_sends_each_distinct_chat_once():
     obs = [observation("a"), observation("a"), observation("b"), observation("a")]
     assert sim.act_batch(obs, [0, 1, 2, 3]) == [PHRASES[0]] * 4
     assert len(backend.calls) == 1 and len(backend.calls[0][0]) == 2
-    assert sim.stats == {"backend_calls": 1, "replies": 4, "empty_replies": 0}
+    assert sim.stats == {"backend_calls": 1, "replies": 4, "empty_replies": 0, "surveys": 0, "survey_scored": 0,
+                         "survey_unscored": 0, "survey_errors": 0}
 
 
 def test_sampling_is_reproducible_from_the_slot_generators():

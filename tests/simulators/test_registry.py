@@ -29,7 +29,7 @@ def test_parse_fills_defaults_and_round_trips():
     spec = SimulatorSpec.parse("verbalized:smollm2?k=3&temperature=0.7&personas=p4g-heldout")
     assert spec.kind == "verbalized" and spec.model == "smollm2" and spec.personas == "p4g-heldout"
     assert spec.params == {"k": 3, "temperature": 0.7, "tau": 1.0, "floor": 0.01, "top_p": 1.0,
-                           "max_new_tokens": 256, "fallback_temperature": 1.0,
+                           "max_new_tokens": 256, "constrained": True, "fallback_temperature": 1.0,
                            "fallback_max_new_tokens": 64}
     assert SimulatorSpec.parse(str(spec)) == spec
     assert SimulatorSpec.parse("frozen:smollm2") == SimulatorSpec.parse("frozen:smollm2?temperature=0")

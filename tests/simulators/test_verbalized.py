@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import math
+import re
 from collections import Counter
 
 import numpy as np
@@ -13,8 +14,8 @@ from hypothesis import strategies as st
 
 from simpop.agents.base import SamplingParams
 from simpop.seat import Simulator, SimulatorSpec
-from simpop.simulators.verbalized import VERBALIZED_INSTRUCTIONS, ParseResult, Renormalised, VerbalizedSimulator, \
-    parse_verbalized, renormalise
+from simpop.simulators.verbalized import FORMAT_REPAIRS, TEXT_PATTERN, VERBALIZED_INSTRUCTIONS, ParseResult, \
+    Renormalised, VerbalizedSimulator, parse_verbalized, renormalise, text_budget, verbalized_schema
 from tests.simulators.fakes import PHRASES, EchoSimulator, FakeBackend, FakeScenario, observation, verbalized_json
 
 
@@ -65,6 +66,9 @@ CASES = [
     ('{"text": "single", "probability": 1}', [("single", 1.0)], None),
     ('{"responses": [{"text": "one", "probability": 0.3}, {"text": "two", "probability": 0.7}, {"text": "thr',
      [("one", 0.3), ("two", 0.7)], "salvaged_objects"),
+    # a cut constrained answer whose texts hold braces (seen with SmolLM2 at temperature 0.7)
+    ('{"responses": [{"text": "Here. 45.}", "probability": 0.45}, {"text": "{x} 4}", "probability": 0.55}, '
+     '{"text": "Here is JSON with a key. 16. 17. 19.', [("Here. 45.}", 0.45), ("{x} 4}", 0.55)], "salvaged_objects"),
     ('{"responses": [{"text": "a", "probability": true}, {"text": "b", "probability": 1e400}]}',
      [("a", 0.5), ("b", 0.5)], "imputed_probabilities"),
     ("", None, None), ("I would donate $1.", None, None), ("{}", None, None), ("[[[[" * 5000, None, None),
@@ -171,7 +175,7 @@ def test_samples_follow_the_renormalised_distribution():
     assert counts["Yes"] / 400 == pytest.approx(0.7, abs=0.07) and counts["Maybe"] / 400 == pytest.approx(0.1, abs=0.05)
     assert len(backend.calls) == 1 and len(backend.calls[0][0]) == 1  # greedy: one distinct chat
     prompt = backend.calls[0][0][0][0]["content"]
-    assert prompt.endswith(VERBALIZED_INSTRUCTIONS.format(k=5))
+    assert prompt.endswith(VERBALIZED_INSTRUCTIONS.format(k=5, max_chars=text_budget(256, 5)))
     assert sim.stats["calls"] == 400 and sim.stats["fallbacks"] == 0 and sim.fallback_rate == 0.0
 
 
@@ -224,8 +228,9 @@ def test_simulator_never_crashes_and_counts_every_fallback(answers):
 def test_spec_and_validation():
     sim = VerbalizedSimulator(FakeBackend(), k=3, tau=0.7, floor=0.02,
                               params=SamplingParams(max_new_tokens=256))
-    assert str(sim.spec) == ("verbalized:fake?fallback_max_new_tokens=64&fallback_temperature=1.0&floor=0.02&k=3"
-                             "&max_new_tokens=256&personas=scenario&tau=0.7&temperature=0.0&top_p=1.0")
+    assert str(sim.spec) == ("verbalized:fake?constrained=True&fallback_max_new_tokens=64&fallback_temperature=1.0"
+                             "&floor=0.02&k=3&max_new_tokens=256&personas=scenario&tau=0.7&temperature=0.0&top_p=1.0")
+    assert not dict(VerbalizedSimulator(FakeBackend(), constrained=False).spec.decoding)["constrained"]
     for bad in [dict(k=0), dict(tau=0), dict(floor=1.5)]:
         with pytest.raises(ValueError):
             VerbalizedSimulator(FakeBackend(), **bad)
@@ -274,3 +279,83 @@ def test_renormalised_draws_from_the_renormalised_distribution_with_the_slot_gen
     for bad in [dict(floor=1.0), dict(tau=0.0)]:
         with pytest.raises(ValueError):
             Renormalised(Stated(), **bad)
+
+
+# ================================================================================ structured output
+class SchemaBackend(FakeBackend):
+    """A backend with structured output: under a ``json_schema`` it answers with a document valid for the
+    verbalized schema (phrases drawn with the call's rng, probabilities in hundredths), else with prose
+    (a small model that ignores the requested format)."""
+
+    supports_json_schema = True
+
+    def __init__(self):
+        super().__init__(name="fake", respond=self.answer)
+
+    @staticmethod
+    def answer(chat, params, rng):
+        if params.json_schema is None:
+            return "Sure, here are some replies I might give: hello, maybe, no."
+        responses = params.json_schema["properties"]["responses"]
+        k, limit = responses["minItems"], responses["items"]["properties"]["text"]["maxLength"]
+        return json.dumps({"responses": [{"text": PHRASES[int(rng.integers(len(PHRASES)))][:limit],
+                                          "probability": int(rng.integers(101)) / 100} for _ in range(k)]})
+
+
+def test_schema_and_text_budget():
+    schema = verbalized_schema(3, 50)
+    responses = schema["properties"]["responses"]
+    assert responses["minItems"] == responses["maxItems"] == 3 and schema["required"] == ["responses"]
+    item = responses["items"]
+    assert item["required"] == ["text", "probability"] and item["additionalProperties"] is False
+    assert item["properties"]["text"] == {"type": "string", "minLength": 1, "maxLength": 50, "pattern": TEXT_PATTERN}
+    assert item["properties"]["probability"]["minimum"] == 0 and item["properties"]["probability"]["maximum"] == 1
+    assert text_budget(256, 5) == 105 and text_budget(64, 2) == 42 and text_budget(12, 2) == 16
+    for max_new_tokens in range(38, 1024, 7):  # the first candidate always fits (1+ character per token)
+        for k in range(1, 9):
+            assert 16 <= text_budget(max_new_tokens, k) <= max_new_tokens - 22
+    assert text_budget(64, 1) == 42
+    texts = ["Hi there! [DONATE $0.50]", "x", "It's {fine} ~ ok?", " x", "x ", "", "é", "a\nb", 'say "hi"', "a\\b"]
+    assert [bool(re.fullmatch(TEXT_PATTERN, t)) for t in texts] == [True] * 3 + [False] * 7
+    with pytest.raises(ValueError):
+        verbalized_schema(0, 10)
+
+
+def test_constrained_requests_carry_the_schema_and_need_no_repair():
+    backend = SchemaBackend()
+    sim = VerbalizedSimulator(backend, k=4, params=SamplingParams(max_new_tokens=128, temperature=0.7))
+    sim.reset_batch([FakeScenario()] * 40, [np.random.default_rng([5, i]) for i in range(40)])
+    replies = sim.act_batch([observation(f"Donate {i}?") for i in range(40)], list(range(40)))
+    (chats, params), = backend.calls
+    assert params.json_schema == sim.schema == verbalized_schema(4, text_budget(128, 4))
+    assert chats[0][0]["content"].endswith(sim.suffix) and "JSON" in sim.suffix
+    assert set(replies) <= set(PHRASES) and len(set(replies)) > 1
+    assert sim.stats["calls"] == 40 and sim.stats["fallbacks"] == 0 and sim.stats["format_repairs"] == 0
+    assert not any(sim.stats.get(f"repair:{key}") for key in FORMAT_REPAIRS)
+
+
+def test_unconstrained_sends_the_same_prompt_without_schema_and_parses_robustly():
+    backend = SchemaBackend()
+    sim = VerbalizedSimulator(backend, k=4, constrained=False)
+    sim.reset_batch([FakeScenario()] * 3, [np.random.default_rng(i) for i in range(3)])
+    replies = sim.act_batch([observation("Donate?")] * 3, [0, 1, 2])
+    (chats, params), (fallback_chats, fallback_params) = backend.calls
+    assert params.json_schema is None and fallback_params.json_schema is None
+    assert chats[0][0]["content"].endswith(VerbalizedSimulator(backend, k=4).suffix)
+    assert sim.stats["fallbacks"] == 3 and replies == [SchemaBackend.answer(None, fallback_params, None)] * 3
+
+
+printable = st.text(st.characters(min_codepoint=0x20, max_codepoint=0x7E), min_size=1, max_size=40)
+
+
+@settings(max_examples=300, deadline=None)
+@given(st.lists(st.tuples(printable.filter(lambda t: re.fullmatch(TEXT_PATTERN, t) is not None),
+                          st.integers(0, 100)), min_size=1, max_size=6),
+       st.sampled_from([(", ", ": "), (",", ":")]))
+def test_any_document_valid_for_the_schema_parses_without_format_repair(pairs, separators):
+    text = json.dumps({"responses": [{"text": t, "probability": p / 100} for t, p in pairs]}, separators=separators)
+    result = parse_verbalized(text, k=len(pairs))
+    assert result.ok and result.format_repairs == 0, result.repairs
+    distinct = {" ".join(t.split()).casefold() for t, _ in pairs}
+    assert len(result.candidates) == len(distinct)
+    assert set(result.repairs) <= {"rescaled", "merged_duplicates"}

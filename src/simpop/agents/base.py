@@ -8,8 +8,9 @@ exactly as generated (no re-tokenisation of the history); everything else can us
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+import json
 from contextlib import AbstractContextManager
+from dataclasses import dataclass, field
 from typing import Any, Protocol, runtime_checkable
 
 Message = dict[str, str]
@@ -27,6 +28,10 @@ class SamplingParams:
         stop: Strings that end a generation; the stop string is not included in the text.
         seed: Seed for this call's sampling; the same seed and inputs give the same outputs.
         logprobs: Also return the log-probability of every generated token.
+        json_schema: If set, a JSON schema every completion must follow (structured output): an
+            in-process backend constrains decoding to it, an HTTP backend sends it as the OpenAI
+            ``response_format``. The completion may still end early (``max_new_tokens``, a stop
+            string). Not part of the hash (a dict is unhashable); part of equality.
     """
 
     max_new_tokens: int = 128
@@ -35,6 +40,7 @@ class SamplingParams:
     stop: tuple[str, ...] = ()
     seed: int | None = None
     logprobs: bool = False
+    json_schema: dict[str, Any] | None = field(default=None, hash=False)
 
     def __post_init__(self) -> None:
         if self.max_new_tokens < 1:
@@ -43,6 +49,13 @@ class SamplingParams:
             raise ValueError(f"temperature must be >= 0 (0 = greedy), got {self.temperature}")
         if not 0 < self.top_p <= 1:
             raise ValueError(f"top_p must be in (0, 1], got {self.top_p}")
+        if self.json_schema is not None:
+            if not isinstance(self.json_schema, dict):
+                raise ValueError(f"json_schema must be a JSON schema (a dict), got {type(self.json_schema).__name__}")
+            try:
+                json.dumps(self.json_schema)
+            except (TypeError, ValueError) as error:
+                raise ValueError(f"json_schema must be JSON-serialisable: {error}") from None
 
     @property
     def greedy(self) -> bool:
@@ -70,13 +83,23 @@ class Generation:
 
 @runtime_checkable
 class Backend(Protocol):
-    """Batched chat generation. ``name`` identifies the model (used in simulator specs and logs)."""
+    """Batched chat generation. ``name`` identifies the model (used in simulator specs and logs).
+
+    A backend that honours :attr:`SamplingParams.json_schema` (constrained decoding, or a server's
+    structured output) sets ``supports_json_schema = True`` (see :func:`supports_json_schema`); others
+    ignore the field, so callers that ask for JSON still parse what comes back.
+    """
 
     name: str
 
     def generate(self, chats: list[Chat], params: SamplingParams) -> list[Generation]:
         """Generate one completion for each chat, in one batched call where the engine allows."""
         ...
+
+
+def supports_json_schema(backend: Any) -> bool:
+    """Whether ``backend`` constrains its output to :attr:`SamplingParams.json_schema`."""
+    return bool(getattr(backend, "supports_json_schema", False))
 
 
 @runtime_checkable

@@ -3,7 +3,8 @@
 A batch of chats becomes concurrent HTTP requests (at most ``max_concurrency`` in flight per call).
 Connection errors, timeouts, HTTP 429 and 5xx are retried with exponential back-off; 401/403 and other
 4xx fail at once with the server's message. Token ids and log-probabilities are filled when the server
-returns them (``simpop serve`` always does; vLLM does with ``return_token_ids=True``)::
+returns them (``simpop serve`` always does; vLLM does with ``return_token_ids=True``).
+``SamplingParams.json_schema`` is sent as an OpenAI structured-output ``response_format``::
 
     backend = OpenAIBackend("http://127.0.0.1:8000/v1", "smollm2")
     backend.generate([[{"role": "user", "content": "Hi"}]], SamplingParams(max_new_tokens=16))
@@ -14,6 +15,7 @@ from __future__ import annotations
 import asyncio
 import os
 import random
+import re
 from concurrent.futures import ThreadPoolExecutor
 from typing import TYPE_CHECKING, Any
 
@@ -46,6 +48,11 @@ class OpenAIBackend:
         max_backoff_s: Longest delay between attempts (a server's ``Retry-After`` may ask for longer).
         return_token_ids: Ask for token ids with vLLM's ``return_token_ids`` extension (other servers may
             reject the unknown field; ``simpop serve`` returns them anyway).
+        structured_outputs: Send :attr:`SamplingParams.json_schema` as the OpenAI structured-output
+            request ``response_format={"type": "json_schema", "json_schema": {"name", "schema",
+            "strict": true}}`` (vLLM, ``simpop serve`` and the OpenAI API constrain decoding to it). Set
+            False for a server without structured output: the schema is then not sent, and callers
+            parse the free text (:attr:`supports_json_schema` says which).
 
     With ``SamplingParams.seed`` set, chat ``i`` of a batch is sent with seed ``seed + i``, so repeated
     chats in one batch (a GRPO group) still differ while the batch stays reproducible.
@@ -63,6 +70,7 @@ class OpenAIBackend:
         backoff_s: float = 0.5,
         max_backoff_s: float = 20.0,
         return_token_ids: bool = False,
+        structured_outputs: bool = True,
     ) -> None:
         if not base_url.startswith(("http://", "https://")):
             raise ValueError(f"base_url must start with http:// or https://, got {base_url!r}")
@@ -85,6 +93,7 @@ class OpenAIBackend:
         self.backoff_s = backoff_s
         self.max_backoff_s = max_backoff_s
         self.return_token_ids = return_token_ids
+        self.supports_json_schema = structured_outputs
 
     def generate(self, chats: list[Chat], params: SamplingParams) -> list[Generation]:
         """One completion per chat; requests run concurrently. Works inside a running event loop too."""
@@ -138,6 +147,8 @@ class OpenAIBackend:
             payload["logprobs"] = True
         if self.return_token_ids:
             payload["return_token_ids"] = True
+        if params.json_schema is not None and self.supports_json_schema:
+            payload["response_format"] = response_format(params.json_schema)
         return payload
 
     async def _complete(
@@ -180,6 +191,13 @@ class OpenAIBackend:
                 delay = min(self.max_backoff_s, self.backoff_s * 2**attempt) * random.uniform(0.5, 1.0)
                 await asyncio.sleep(max(delay, retry_after or 0.0))
                 attempt += 1
+
+
+def response_format(schema: dict[str, Any]) -> dict[str, Any]:
+    """The OpenAI ``response_format`` that asks for output following ``schema`` (named by its ``title``,
+    reduced to the name characters OpenAI accepts, else ``response``)."""
+    name = re.sub(r"[^A-Za-z0-9_-]", "_", str(schema.get("title") or ""))[:64] or "response"
+    return {"type": "json_schema", "json_schema": {"name": name, "schema": schema, "strict": True}}
 
 
 def _parse_completion(data: dict[str, Any], params: SamplingParams) -> Generation:

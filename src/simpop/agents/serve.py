@@ -1,11 +1,16 @@
 """``simpop serve``: any simpop backend behind an OpenAI-compatible HTTP API (standard library only).
 
 Endpoints: ``GET /v1/models``, ``POST /v1/chat/completions`` (``n``, ``temperature``, ``top_p``,
-``max_tokens`` / ``max_completion_tokens``, ``stop``, ``seed``, ``logprobs``) and ``GET /health``
+``max_tokens`` / ``max_completion_tokens``, ``stop``, ``seed``, ``logprobs``, ``response_format``) and ``GET /health``
 (request counters). Concurrent requests with the same sampling settings are micro-batched: the first
 request of a batch waits up to ``--batch-window-ms`` for others, then all run as one backend call of at
 most ``--max-batch`` rows, so one process can host the simulators of many trainers. Requests that carry
 a ``seed`` run as a batch of their own, so that their answer does not depend on what else arrived.
+
+Structured output: ``response_format`` ``{"type": "json_schema", "json_schema": {"schema": ...}}`` (or
+``{"type": "json_object"}``, any JSON object) becomes ``SamplingParams.json_schema``, and a backend that
+constrains decoding (``supports_json_schema``, e.g. the in-process transformers backend) answers with
+JSON that follows the schema; a backend that cannot is answered with HTTP 400 rather than free text.
 
 Beyond the OpenAI schema, every choice carries ``token_ids`` and the response ``prompt_token_ids``
 (vLLM's field names); log-prob entries name tokens as ``token_id:<id>`` (vLLM's
@@ -31,7 +36,7 @@ from dataclasses import dataclass, field
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from typing import Any
 
-from simpop.agents.base import Backend, Chat, Generation, SamplingParams
+from simpop.agents.base import Backend, Chat, Generation, SamplingParams, supports_json_schema
 from simpop.agents.chat import check_chat
 
 log = logging.getLogger(__name__)
@@ -293,6 +298,10 @@ class _Handler(BaseHTTPRequestHandler):
                 return
             try:
                 chats, params = _parse_request(body, self.server.model_name)
+                if params.json_schema is not None and not supports_json_schema(self.server.backend):
+                    raise RequestError(400, f"this server's backend ({type(self.server.backend).__name__}) "
+                                            "cannot constrain its output: send no response_format",
+                                       param="response_format")
                 generations = self.server.batcher.submit(chats, params)
                 self._send(200, _completion_response(self.server.model_name, generations, params))
             except RequestError as error:
@@ -375,6 +384,7 @@ def _parse_request(body: bytes, model_name: str) -> tuple[list[Chat], SamplingPa
     logprobs = request.get("logprobs", False)
     if not isinstance(logprobs, bool):
         raise RequestError(400, "'logprobs' must be true or false", param="logprobs")
+    json_schema = _response_format(request.get("response_format"))
     try:
         params = SamplingParams(
             max_new_tokens=_number(request, max_tokens_field, int, DEFAULT_MAX_TOKENS, lower=1),
@@ -383,10 +393,31 @@ def _parse_request(body: bytes, model_name: str) -> tuple[list[Chat], SamplingPa
             stop=tuple(stop or ()),
             seed=seed,
             logprobs=logprobs,
+            json_schema=json_schema,
         )
     except ValueError as error:  # what SamplingParams itself rejects (top_p = 0)
         raise RequestError(400, str(error)) from None
     return [chat] * n, params
+
+
+def _response_format(value: Any) -> dict[str, Any] | None:
+    """The JSON schema an OpenAI ``response_format`` asks for (None for free text)."""
+    if value is None:
+        return None
+    kind = value.get("type") if isinstance(value, dict) else None
+    if kind == "text":
+        return None
+    if kind == "json_object":
+        return {"type": "object"}
+    if kind == "json_schema":
+        spec = value.get("json_schema")
+        schema = spec.get("schema") if isinstance(spec, dict) else None
+        if isinstance(schema, dict):
+            return schema
+        raise RequestError(400, "response_format json_schema needs 'json_schema': {'name': ..., 'schema': {...}}",
+                           param="response_format")
+    raise RequestError(400, "'response_format' must be {'type': 'text' | 'json_object' | 'json_schema', ...}",
+                       param="response_format")
 
 
 def _parse_messages(messages: Any) -> Chat:

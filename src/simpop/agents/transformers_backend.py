@@ -14,6 +14,15 @@ model and, for population co-training, any number of LoRA adapters on it::
 
 An instance is not thread-safe: call it from one thread (``simpop serve`` funnels requests into one
 worker thread).
+
+**Structured output.** With ``SamplingParams(json_schema=...)`` every row of the batch is decoded under
+the schema with `llguidance <https://github.com/guidance-ai/llguidance>`_ (the grammar engine of vLLM's
+``guidance`` structured-output backend): a logits processor masks, per row and step, the tokens that
+cannot continue a valid document, so a completion that ends at end-of-turn is valid JSON for the schema
+(one cut by ``max_new_tokens`` or a stop string is a valid prefix). ``benchmarks/verbalized_parse.py``
+compares it with xgrammar, lm-format-enforcer and outlines. It composes with left padding, the prefix
+cache and the CPU attention path: it reads only the last sampled token of each row and touches nothing
+but the next-token scores.
 """
 
 from __future__ import annotations
@@ -74,6 +83,61 @@ def _dense_input(module, args: tuple) -> tuple:
 
 def _cached_length(cache: LayerCache | None) -> int:
     return 0 if cache is None else cache[0][0].shape[1]
+
+
+#: JSON layout of constrained completions: no free whitespace (a small model fills it with newlines),
+#: and the separators of ``json.dumps``, the layout models see most.
+_JSON_LAYOUT = {"whitespace_flexible": False, "item_separator": ", ", "key_separator": ": "}
+
+
+class JSONSchemaMask:
+    """A ``generate()`` logits processor: each row may only continue a JSON document valid for a schema.
+
+    One llguidance matcher per row follows that row's sampled tokens; at each step the scores of tokens
+    it rejects become ``-inf`` (end-of-turn is allowed exactly when the document is complete, and then
+    only end-of-turn). A row whose matcher failed (generation appended padding to a row that a stop
+    string ended) is left unmasked: ``generate()`` discards its tokens. Good for one ``generate()`` call.
+
+    Args:
+        tokenizer: llguidance's view of the model's tokenizer.
+        grammar: llguidance grammar (``LLMatcher.grammar_from_json_schema``).
+        rows: Batch rows.
+        vocab_size: Width of the model's scores.
+    """
+
+    def __init__(self, tokenizer, grammar: str, rows: int, vocab_size: int) -> None:
+        import llguidance
+        import llguidance.torch
+        import torch
+
+        self._fill = llguidance.torch.fill_next_token_bitmask
+        self.matchers = [llguidance.LLMatcher(tokenizer, grammar, log_level=0) for _ in range(rows)]
+        if self.matchers[0].is_error():
+            raise ValueError(f"json_schema cannot be used: {self.matchers[0].get_error()}")
+        self.vocab_size = vocab_size
+        self.bitmask = torch.full(llguidance.torch.get_bitmask_shape(rows, vocab_size), -1, dtype=torch.int32)
+        self._bits = torch.arange(32, dtype=torch.int32)
+        self._started = False
+
+    def __call__(self, input_ids: torch.Tensor, scores: torch.Tensor) -> torch.Tensor:
+        if self._started:  # every row's last token was sampled under this mask: the matcher follows it
+            for matcher, token in zip(self.matchers, input_ids[:, -1].tolist()):
+                if not (matcher.is_stopped() or matcher.is_error()):
+                    matcher.consume_token(token)
+        self._started = True
+        for row, matcher in enumerate(self.matchers):
+            if matcher.is_error():
+                self.bitmask[row] = -1
+            else:  # a complete document (a stopped matcher) allows end-of-turn only
+                self._fill(matcher, self.bitmask, row)
+        allowed = (self.bitmask.unsqueeze(-1) >> self._bits) & 1  # [rows, words, 32], little-endian bits
+        allowed = allowed.view(len(self.matchers), -1)[:, : scores.shape[-1]].to(scores.device, non_blocking=True)
+        return scores.masked_fill(allowed == 0, float("-inf"))
+
+    @property
+    def errors(self) -> list[str]:
+        """The matchers' errors (empty when every row followed the schema)."""
+        return [m.get_error() for m in self.matchers if m.is_error()]
 
 
 @dataclass
@@ -163,6 +227,11 @@ class TransformersBackend:
         self._prefix_weights: tuple | None = None
         self._adapters_disabled = False
         self.prefix_hits = self.prefix_misses = self.prefix_reused_tokens = 0
+        self._llg_tokenizer = None
+        self._grammars: OrderedDict[str, str] = OrderedDict()
+
+    #: Honours ``SamplingParams.json_schema`` (constrained decoding, see the module docstring).
+    supports_json_schema = True
 
     # ----------------------------------------------------------------------------------- generation
 
@@ -187,7 +256,8 @@ class TransformersBackend:
         a stop string; the returned ``token_ids`` keep the end-of-turn token and the token that
         completed a stop string, while ``text`` ends before the stop string. With ``prefix_cache``, a
         prompt's longest cached start is not read again (the outputs are those of a full read up to
-        floating-point rounding).
+        floating-point rounding). With ``params.json_schema``, every row is decoded under the schema
+        (module docstring); log-probs are then those of the constrained distribution.
         """
         torch, transformers = _import_torch_transformers()
         from simpop.agents.kv_buffer import batched_cache
@@ -214,6 +284,15 @@ class TransformersBackend:
             if params.greedy
             else {"do_sample": True, "temperature": params.temperature, "top_p": params.top_p, "top_k": 0}
         )
+        processors = transformers.LogitsProcessorList()
+        if params.json_schema is not None:
+            processors.append(JSONSchemaMask(self._llg(), self._grammar(params.json_schema), len(prompts),
+                                             self.vocab_size))
+            if not params.greedy and params.top_p < 1:
+                # generate() runs its own warpers before ours; nucleus filtering must see the masked
+                # scores, or it could keep only tokens the schema forbids.
+                processors.append(transformers.TopPLogitsWarper(params.top_p))
+                sampling["top_p"] = 1.0
         config = transformers.GenerationConfig(
             max_new_tokens=params.max_new_tokens,
             **sampling,
@@ -232,6 +311,7 @@ class TransformersBackend:
                 attention_mask=attention_mask.to(self.device),
                 generation_config=config,
                 tokenizer=self.tokenizer,  # needed by transformers' per-sample stop-string criterion
+                logits_processor=processors,
                 **({"cache": cache} if cache is not None else {}),
             )
         new_tokens = out.sequences[:, width:].tolist()
@@ -254,6 +334,37 @@ class TransformersBackend:
         if self.prefix_cache:
             self._store_prefixes(generations, out.cache, attention_mask, width)
         return generations
+
+    # ---------------------------------------------------------------------------- structured output
+
+    def _llg(self):
+        """llguidance's tokenizer for this model (built once, ~0.3 s)."""
+        if self._llg_tokenizer is None:
+            try:
+                import llguidance.hf
+            except ImportError as error:
+                raise ImportError("json_schema (constrained decoding) needs llguidance: pip install simpop[llm]") \
+                    from error
+            self._llg_tokenizer = llguidance.hf.from_tokenizer(
+                self.tokenizer, n_vocab=self.vocab_size,
+                eos_token=self.eos_token_ids if len(self.eos_token_ids) > 1 else self.eos_token_ids[0])
+        return self._llg_tokenizer
+
+    def _grammar(self, schema: dict) -> str:
+        """The llguidance grammar of ``schema`` (validated; the last 32 are kept)."""
+        import llguidance
+
+        key = json.dumps(schema, sort_keys=True)
+        if key not in self._grammars:
+            grammar = llguidance.LLMatcher.grammar_from_json_schema(schema, defaults=_JSON_LAYOUT)
+            failed, messages = llguidance.LLMatcher.validate_grammar_with_warnings(grammar, self._llg())
+            if failed:
+                raise ValueError(f"json_schema cannot be used for constrained decoding: {messages[0]}")
+            self._grammars[key] = grammar
+            while len(self._grammars) > 32:
+                self._grammars.popitem(last=False)
+        self._grammars.move_to_end(key)
+        return self._grammars[key]
 
     # ------------------------------------------------------------------------------ prefix KV cache
 

@@ -9,8 +9,11 @@ from simpop.seat import Kind, register_simulator_kind
 
 __all__ = ["EnvSpec", "ids", "make", "register", "spec"]
 
-register("simpop/Persuasion-v0", "simpop.envs.persuasion.env:PersuasionEnv",
+register("simpop/Persuasion-v1", "simpop.envs.persuasion.env:PersuasionEnv",
          default_simulator="simpop.envs.persuasion.simulators:native_text")
+# v0 = v1 without the closing survey (an undecided dialogue truncates with reward 0): kept for comparability.
+register("simpop/Persuasion-v0", "simpop.envs.persuasion.env:PersuasionEnv",
+         default_simulator="simpop.envs.persuasion.simulators:native_text", survey=False)
 register("simpop/PersuasionAct-v0", "simpop.envs.persuasion.env:PersuasionActEnv",
          default_simulator="simpop.envs.persuasion.simulators:native_act")
 register("simpop/CooperBench-mini-v0", "simpop.envs.cooperbench.env:CooperBenchEnv",

@@ -12,7 +12,11 @@ histories:
   ``undecided`` (no decision);
 - **act entropy** (bits): of the persuadee act each reply performs, with the persuasion act classifier;
 - **mode share**: the fraction of replies equal to the most common one (1 = fully collapsed);
-- **parse-failure rate** of verbalized simulators (answers that fell back to plain sampling).
+- **parse-failure rate** of verbalized simulators (answers that fell back to plain sampling) and their
+  **format-repair rate** (answers usable only after a format repair, e.g. salvaged from a cut answer).
+  ``verbalized:MODEL`` asks for its ``k`` candidates under a JSON schema (``constrained=true``, the
+  default), so its row measures verbalized sampling even with a 135M model;
+  ``verbalized:MODEL?constrained=false`` is the free-text prompt-and-parse path.
 
 The histories are replayed through the text env, so each simulator sees exactly the observation it
 would see in an episode. Writes ``summary.json`` (every figure and every sampled reply) and
@@ -158,8 +162,11 @@ def audit(specs: Sequence[str], n: int = 16, histories: Sequence[History] = HIST
             simulator.reset_batch([scenario] * n, [np.random.default_rng([seed, h, i]) for i in range(n)])
             replies = simulator.act_batch([obs] * n, list(range(n)))
             row = _measure(replies, embed, classify)
+            calls = None if before is None else simulator.stats["calls"] - before["calls"]
             row["parse_failure_rate"] = None if before is None else (
-                (simulator.stats["fallbacks"] - before["fallbacks"]) / (simulator.stats["calls"] - before["calls"]))
+                (simulator.stats["fallbacks"] - before["fallbacks"]) / calls)
+            row["format_repair_rate"] = None if before is None else (
+                (simulator.stats["format_repairs"] - before["format_repairs"]) / calls)
             rows.append({"history": history.id, **row, "replies": replies})
             bar.update()
         metrics = {key: _mean([r[key] for r in rows]) for key in rows[0] if key not in ("history", "replies")}
@@ -206,7 +213,7 @@ def _mean(values: list[Any]) -> Any:
 
 COLUMNS = (("distinct_1", "distinct-1"), ("distinct_2", "distinct-2"), ("semantic_diversity", "semantic div."),
            ("outcome_entropy", "outcome H (bits)"), ("act_entropy", "act H (bits)"), ("mode_share", "mode share"),
-           ("parse_failure_rate", "VS parse failures"))
+           ("parse_failure_rate", "VS parse failures"), ("format_repair_rate", "VS format repairs"))
 
 
 def _cell(value: Any) -> str:
@@ -273,11 +280,19 @@ def configure(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--env", default=DEFAULT_ENV, help=f"P4G text env id (default {DEFAULT_ENV})")
     parser.add_argument("--scenario", default=None, help="scenario id (default: the env's first)")
     parser.add_argument("--seed", type=int, default=0)
+    parser.add_argument("--threads", type=int, default=None,
+                        help="torch threads of in-process models (1 is fastest on a busy 2-core machine)")
     parser.add_argument("--out", default="runs/audit", help="output folder (default runs/audit)")
 
 
 def run(args: argparse.Namespace) -> int:
     histories = select_histories(args.histories)
+    if args.threads is not None:
+        if args.threads < 1:
+            raise SystemExit(f"--threads must be >= 1, got {args.threads}")
+        import torch
+
+        torch.set_num_threads(args.threads)
     summary = audit(args.sim or list(DEFAULT_SIMULATORS), n=args.n, histories=histories, env_id=args.env,
                     scenario_id=args.scenario, seed=args.seed)
     out = write(summary, args.out)

@@ -13,6 +13,23 @@ generator). Greedy calls send each distinct chat once.
 Empty or whitespace-only replies (a known failure of greedy user models, e.g. in τ²) are replaced by
 :data:`FALLBACK_REPLY` and counted in ``stats["empty_replies"]``, so an episode never receives an
 empty message.
+
+**Closing surveys** (:class:`~simpop.seat.Survey`, e.g. P4G's donation question). The simulator is a
+:class:`~simpop.seat.SurveyAnswerer`: :meth:`LLMSimulator.act_batch` answers survey observations with
+:meth:`LLMSimulator.answer_survey` and the rest with :meth:`LLMSimulator.reply_batch`. The answer is a
+constrained choice: each option is scored as the model's whole reply to the chat (persona + dialogue + the
+question as a last user message), i.e. the summed log-probability of the option's tokens and the
+template's end of turn (:meth:`LLMSimulator.option_logprobs`); greedy takes the argmax, sampling draws
+from ``softmax(log-prob / temperature)`` with the slot's generator. Scoring needs an in-process model:
+an HF model behind the backend (``backend.model``, e.g. ``TransformersBackend``: the chat is read once,
+then every option in one batched pass over its KV cache) or a backend with ``encode_chat`` and
+``token_logprobs`` (all chats' options in one call). Otherwise (an HTTP backend) the question is asked
+and the free-text reply is the answer, for the env to read (strictly, then leniently, else its counted
+fallback); such answers are counted in ``stats["survey_unscored"]`` and logged (a warning the first time),
+scoring errors in ``stats["survey_errors"]`` (the slot then answers in free text). A :class:`Trainable`
+subclass answers by generation instead, so that its answer is a recorded turn that co-training scores.
+Subclasses with another notion of their distribution (verbalized sampling) override
+:meth:`LLMSimulator.survey_distribution`; :meth:`LLMSimulator.answer_survey` draws from it.
 """
 
 from __future__ import annotations
@@ -28,7 +45,8 @@ import numpy as np
 
 from simpop.agents.base import Backend, Chat, SamplingParams
 from simpop.envs.dialogue import parse_observation
-from simpop.seat import SCENARIO_PERSONAS, BuildContext, Simulator, SimulatorSpec, TextFormat
+from simpop.seat import (SCENARIO_PERSONAS, SURVEY_KEY, BuildContext, Simulator, SimulatorSpec, Survey, TextFormat,
+                         Trainable, survey_of)
 
 logger = logging.getLogger(__name__)
 
@@ -37,7 +55,10 @@ FALLBACK_REPLY = "Sorry, could you say that again?"
 
 
 class DialogueFormat:
-    """The default :class:`~simpop.seat.TextFormat`: the scenario's user instructions + the dialogue."""
+    """The default :class:`~simpop.seat.TextFormat`: the scenario's user instructions + the dialogue.
+
+    A closing survey (``"survey"`` in the observation) is asked as a last user message: its question.
+    """
 
     counters: tuple[str, ...] = ()
 
@@ -49,10 +70,17 @@ class DialogueFormat:
             # The env rejected our last message; say why so that the model can repair it.
             chat.append({"role": "user", "content": f"(Your last message was not accepted: {view['error']} "
                                                     f"Please answer again.)"})
+        survey = view.get(SURVEY_KEY)
+        if isinstance(survey, dict) and isinstance(survey.get("question"), str):
+            chat.append({"role": "user", "content": survey["question"]})
         return chat
 
     def to_action(self, text: str, stats: dict[str, int]) -> str:
         return text
+
+
+#: The survey counters every LLM simulator's ``stats`` holds (see :class:`LLMSimulator`).
+SURVEY_COUNTERS = ("surveys", "survey_scored", "survey_unscored", "survey_errors")
 
 
 def sampling(spec: SimulatorSpec) -> SamplingParams:
@@ -82,7 +110,9 @@ class LLMSimulator(Simulator):
             :class:`DialogueFormat`; envs with their own expose ``env.text_format``).
 
     Attributes:
-        stats: ``backend_calls``, ``replies``, ``empty_replies`` since construction.
+        stats: ``backend_calls``, ``replies``, ``empty_replies`` since construction; closing surveys:
+            ``surveys`` answered, of which ``survey_scored`` (a constrained choice), ``survey_unscored`` (the
+            backend cannot score: a free-text answer) and ``survey_errors`` (scoring failed: free text).
     """
 
     kind = "frozen"
@@ -104,7 +134,9 @@ class LLMSimulator(Simulator):
         self.fallback_reply = fallback_reply
         self.text_format = text_format or DialogueFormat()
         self.stats: dict[str, int] = {"backend_calls": 0, "replies": 0, "empty_replies": 0,
-                                      **{name: 0 for name in self.text_format.counters}}
+                                      **{name: 0 for name in self.text_format.counters},
+                                      **{name: 0 for name in SURVEY_COUNTERS}}
+        self._warned_unscored = False
         self._scenarios: list[Any] = []
         self._rngs: list[np.random.Generator] = []
 
@@ -150,8 +182,92 @@ class LLMSimulator(Simulator):
         return self._scenarios[slot]
 
     def act_batch(self, observations: list[Any], slots: list[int]) -> list[str]:
+        """Survey observations answered by :meth:`answer_survey`, the others by :meth:`reply_batch`."""
+        surveys = [survey_of(obs) for obs in observations]
+        asked = [i for i, survey in enumerate(surveys) if survey is not None]
+        if not asked or isinstance(self, Trainable):
+            # A trainable simulator generates its answer (the chat ends with the question): a recorded turn.
+            return self.reply_batch(observations, slots)
+        actions: list[Any] = [None] * len(observations)
+        answers = self.answer_survey([observations[i] for i in asked], [slots[i] for i in asked],
+                                     [surveys[i] for i in asked])  # type: ignore[misc]
+        for i, answer in zip(asked, answers, strict=True):
+            actions[i] = answer
+        rest = [i for i, survey in enumerate(surveys) if survey is None]
+        if rest:
+            for i, reply in zip(rest, self.reply_batch([observations[i] for i in rest], [slots[i] for i in rest]),
+                                strict=True):
+                actions[i] = reply
+        return actions
+
+    def reply_batch(self, observations: list[Any], slots: list[int]) -> list[str]:
+        """Dialogue replies for the given slots, in one backend call."""
         chats = [self.chat(obs, slot) for obs, slot in zip(observations, slots)]
         return [self.text_format.to_action(text, self.stats) for text in self.generate(chats, slots, self.params)]
+
+    # ----------------------------------------------------------------- closing surveys
+    def survey_chat(self, observation: Any, slot: int, survey: Survey) -> Chat:
+        """The chat that asks ``survey``: the slot's chat, ending with the question as a user message."""
+        chat = self.chat(observation, slot)
+        if chat[-1] != {"role": "user", "content": survey.question}:  # a text format that does not ask it
+            chat.append({"role": "user", "content": survey.question})
+        return chat
+
+    def option_logprobs(self, observations: list[Any], slots: list[int],
+                        surveys: list[Survey]) -> list[np.ndarray | None]:
+        """Per slot, the log-probability of each option as the model's whole reply to :meth:`survey_chat`.
+
+        None for every slot when the backend cannot score (counted in ``survey_unscored``) or the scoring call
+        failed (counted in ``survey_errors``); both logged. Equal chats are scored once.
+        """
+        if not (surveys and _can_score(self.backend)):
+            self.stats["survey_unscored"] += len(surveys)
+            if surveys:
+                logger.log(logging.DEBUG if self._warned_unscored else logging.WARNING,
+                           "%s: backend %s cannot score survey options (no in-process model or token_logprobs); "
+                           "the survey is answered in free text for the env to read (%d so far)", self.name,
+                           type(self.backend).__name__, self.stats["survey_unscored"])
+                self._warned_unscored = True
+            return [None] * len(surveys)
+        chats = [self.survey_chat(obs, slot, survey) for obs, slot, survey in zip(observations, slots, surveys)]
+        keys = [json.dumps([chat, list(survey.options)]) for chat, survey in zip(chats, surveys)]
+        unique = {key: (chat, survey.options) for key, chat, survey in zip(keys, chats, surveys)}
+        try:
+            scored = dict(zip(unique, _score_options(self.backend, list(unique.values()))))
+        except Exception as error:  # noqa: BLE001 - a failed survey must not end the run: free text instead
+            self.stats["survey_errors"] += len(surveys)
+            logger.warning("%s: scoring the survey options failed (%s: %s); answering in free text",
+                           self.name, type(error).__name__, error)
+            return [None] * len(surveys)
+        self.stats["survey_scored"] += len(surveys)
+        return [scored[key] for key in keys]
+
+    def survey_distribution(self, observations: list[Any], slots: list[int],
+                            surveys: list[Survey]) -> list[list[float] | None]:
+        """Per slot, the option probabilities: greedy one-hot on the argmax of :meth:`option_logprobs`,
+        sampling ``softmax(log-prob / temperature)``; None where the options could not be scored."""
+        return [None if lp is None else _choice_probabilities(lp, self.params.temperature)
+                for lp in self.option_logprobs(observations, slots, surveys)]
+
+    def answer_survey(self, observations: list[Any], slots: list[int], surveys: list[Survey]) -> list[str]:
+        """Per slot, an option drawn from :meth:`survey_distribution` with the slot's generator (a one-hot
+        distribution draws nothing), or the model's free-text answer where the distribution is None."""
+        answers: list[str | None] = []
+        for slot, survey, probs in zip(slots, surveys, self.survey_distribution(observations, slots, surveys),
+                                       strict=True):
+            if probs is None:
+                answers.append(None)
+            elif max(probs) >= 1.0:
+                answers.append(survey.options[int(np.argmax(probs))])
+            else:
+                answers.append(survey.options[int(self._rngs[slot].choice(len(probs), p=probs))])
+        self.stats["surveys"] += len(answers)
+        free = [i for i, answer in enumerate(answers) if answer is None]
+        if free:
+            chats = [self.survey_chat(observations[i], slots[i], surveys[i]) for i in free]
+            for i, text in zip(free, self.generate(chats, [slots[i] for i in free], self.params), strict=True):
+                answers[i] = text
+        return answers  # type: ignore[return-value]
 
     # ----------------------------------------------------------------- helpers for subclasses
     def chat(self, observation: str, slot: int, instructions_suffix: str = "") -> Chat:
@@ -192,3 +308,90 @@ class LLMSimulator(Simulator):
         first = {key: chats[keys.index(key)] for key in unique}
         texts = dict(zip(unique, (g.text for g in self.backend.generate([first[k] for k in unique], params))))
         return [texts[k] for k in keys]
+
+
+# ---------------------------------------------------------------------------------------- option scoring
+def _hf_model(backend: Any) -> Any:
+    """The in-process HF causal LM behind ``backend`` (``backend.model`` with a ``config``), or None."""
+    model = getattr(backend, "model", None)
+    return model if callable(model) and hasattr(model, "config") and callable(getattr(backend, "encode_chat", None)) \
+        else None
+
+
+def _can_score(backend: Any) -> bool:
+    return _hf_model(backend) is not None or (callable(getattr(backend, "encode_chat", None))
+                                              and callable(getattr(backend, "token_logprobs", None)))
+
+
+def _continuations(backend: Any, chat: Chat, options: Sequence[str]) -> tuple[list[int], list[list[int]]]:
+    """The chat's prompt ids and, per option, the ids the template adds for it as the assistant's reply."""
+    prompt = backend.encode_chat(chat, add_generation_prompt=True)
+    out = []
+    for option in options:
+        full = backend.encode_chat([*chat, {"role": "assistant", "content": option}], add_generation_prompt=False)
+        if full[:len(prompt)] != prompt or len(full) == len(prompt):
+            raise ValueError("the chat template does not render a reply as an extension of the prompt")
+        out.append(full[len(prompt):])
+    return prompt, out
+
+
+def _score_options(backend: Any, items: list[tuple[Chat, Sequence[str]]]) -> list[np.ndarray]:
+    """Per (chat, options), each option's summed log-probability as the whole assistant reply."""
+    import torch
+
+    encoded = [_continuations(backend, chat, options) for chat, options in items]
+    model = _hf_model(backend)
+    with torch.no_grad():
+        if model is not None:
+            return [_score_with_cache(model, backend, prompt, conts) for prompt, conts in encoded]
+        rows = [(i, prompt + cont, [0] * len(prompt) + [1] * len(cont))
+                for i, (prompt, conts) in enumerate(encoded) for cont in conts]
+        scores = backend.token_logprobs([r[1] for r in rows], [r[2] for r in rows])
+        totals = (torch.as_tensor(scores.logprobs) * torch.as_tensor(scores.mask)).sum(-1).float().cpu().numpy()
+    out: list[list[float]] = [[] for _ in encoded]
+    for (i, _, _), total in zip(rows, totals):
+        out[i].append(float(total))
+    return [np.array(x) for x in out]
+
+
+def _score_with_cache(model: Any, backend: Any, prompt: list[int], conts: list[list[int]]) -> np.ndarray:
+    """Read ``prompt`` once, then score every continuation in one batched pass over its (repeated) KV cache."""
+    import inspect
+
+    import torch
+
+    device = next(model.parameters()).device
+    base = model.get_base_model() if callable(getattr(model, "get_base_model", None)) else model
+    cache_arg = "cache" if "cache" in inspect.signature(base.forward).parameters else "past_key_values"
+    out = model(input_ids=torch.tensor([prompt], device=device), use_cache=True, logits_to_keep=1)
+    first = out.logits[0, -1].float().log_softmax(-1)
+    cache = out.cache if getattr(out, "cache", None) is not None else out.past_key_values
+    cache.batch_repeat_interleave(len(conts))
+    width, n = max(map(len, conts)), len(prompt)
+    pad = getattr(backend, "pad_token_id", 0) or 0
+    ids = torch.full((len(conts), width), pad, dtype=torch.long)
+    mask = torch.zeros((len(conts), n + width), dtype=torch.long)
+    mask[:, :n] = 1
+    for row, cont in enumerate(conts):
+        ids[row, :len(cont)] = torch.tensor(cont)
+        mask[row, n:n + len(cont)] = 1
+    positions = torch.arange(n, n + width).expand(len(conts), width)
+    logits = model(input_ids=ids.to(device), attention_mask=mask.to(device), position_ids=positions.to(device),
+                   use_cache=False, **{cache_arg: cache}).logits.float().log_softmax(-1)
+    totals = []
+    for row, cont in enumerate(conts):
+        later = logits[row, torch.arange(len(cont) - 1), torch.tensor(cont[1:], dtype=torch.long)]
+        totals.append(float(first[cont[0]] + later.sum()))
+    return np.array(totals)
+
+
+def _choice_probabilities(logprobs: np.ndarray, temperature: float) -> list[float]:
+    """Greedy (temperature 0): one-hot on the first argmax; else ``softmax(logprobs / temperature)``."""
+    logprobs = np.asarray(logprobs, dtype=float)
+    if temperature == 0 or not np.isfinite(logprobs).any():
+        probs = np.zeros(len(logprobs))
+        probs[int(np.argmax(np.where(np.isfinite(logprobs), logprobs, -np.inf)))] = 1.0
+        return [float(p) for p in probs]
+    z = np.where(np.isfinite(logprobs), logprobs / temperature, -np.inf)
+    z = np.exp(z - z.max())
+    return [float(p) for p in z / z.sum()]

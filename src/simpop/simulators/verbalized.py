@@ -1,15 +1,22 @@
 """The verbalized-sampling simulator: the model states a distribution over its next replies.
 
 Instead of sampling one reply (which a mode-collapsed model answers the same way every time), the
-simulator asks the backend for ``k`` candidate replies with probabilities, as JSON::
+simulator asks the backend for ``k`` candidate replies with probabilities, as JSON, with the prompt of
+the Verbalized Sampling paper's dialogue simulation (Zhang et al. 2025, arXiv:2510.01171: the persona and
+scenario, then "generate k responses ... with their probabilities, as JSON"; :data:`VERBALIZED_INSTRUCTIONS`)::
 
     {"responses": [{"text": "...", "probability": 0.4}, ...]}
 
-parses the answer robustly (:func:`parse_verbalized`), renormalises it with a probability floor and a
-temperature (:func:`renormalise`: ``p ∝ max(p, floor) ** (1 / tau)``) and samples one candidate with
-the slot's generator. When the answer is unusable (nothing parses into a non-empty reply), the slot
-falls back to ordinary sampling from the backend (``fallback_temperature``, default 1) with the plain
-persona prompt; fallbacks are counted in ``stats["fallbacks"]`` out of ``stats["calls"]``
+By default (``constrained=True``) the request carries :func:`verbalized_schema` as
+``SamplingParams.json_schema``: an in-process model decodes under it (llguidance) and an
+OpenAI-compatible server receives it as ``response_format``, so even a 135M model answers with exactly
+``k`` well-formed candidates. The answer is parsed by :func:`parse_verbalized` either way: it reads
+constrained output with no format repair and is the robust path for backends without structured output
+(``constrained=False`` sends the same prompt without the schema). The candidates are renormalised with a
+probability floor and a temperature (:func:`renormalise`: ``p ∝ max(p, floor) ** (1 / tau)``) and one is
+sampled with the slot's generator. When the answer is unusable (nothing parses into a non-empty reply),
+the slot falls back to ordinary sampling from the backend (``fallback_temperature``, default 1) with the
+plain persona prompt; fallbacks are counted in ``stats["fallbacks"]`` out of ``stats["calls"]``
 (:attr:`VerbalizedSimulator.fallback_rate`).
 """
 
@@ -34,13 +41,69 @@ from simpop.simulators.registry import inner_or_none
 
 logger = logging.getLogger(__name__)
 
-#: Appended to the scenario's user instructions; ``{k}`` is the number of candidates.
+#: Appended to the scenario's user instructions (the persona and the scenario); ``{k}`` is the number
+#: of candidates, ``{max_chars}`` the longest text (:func:`text_budget`). The Verbalized Sampling paper's
+#: request for dialogue simulation (k responses coherent with the history and the persona, with their
+#: probabilities, as JSON with key "responses" holding "text" and "probability"). No example answer:
+#: SmolLM2 copies example texts verbatim.
 VERBALIZED_INSTRUCTIONS = """
 
-Before you reply, think of {k} different replies you could give next (as different as real people \
-would be) and how likely you would be to give each one. Answer with JSON only, exactly in this format:
-{{"responses": [{{"text": "<a reply>", "probability": <a number between 0 and 1>}}, ...]}}
-Give {k} responses whose probabilities sum to 1. Each text is the whole message you would send."""
+Generate {k} different responses to your chat partner's last message that are coherent with the chat \
+history and true to who you are, as different from each other as the replies of different real people \
+would be. Output JSON with the key "responses": a list of {k} objects, each with "text" (the whole message \
+you would send, at most {max_chars} characters) and "probability" (how likely you would be to send it, from \
+0 to 1; the {k} probabilities sum to 1). Output only the JSON object, no other text."""
+
+#: Repairs that fix the *format* of an answer (as opposed to normalising its content: ``rescaled``
+#: probabilities that did not sum to one, ``merged_duplicates``). Constrained output needs none.
+FORMAT_REPAIRS = ("code_fence", "surrounding_text", "relaxed_syntax", "salvaged_objects", "dropped_items",
+                  "imputed_probabilities", "truncated_to_k")
+
+#: A candidate text: printable ASCII but ``"`` and ``\\`` (which JSON escapes with a second character),
+#: starting and ending with a visible character. Each character of such text is one character of the
+#: JSON and every token of it carries at least one, so ``maxLength`` bounds the text's tokens too (emoji
+#: runs, several tokens per character, exhausted SmolLM2's budget at temperature 0.7); no text is blank.
+TEXT_PATTERN = r"^[!#-\[\]-~]([ !#-\[\]-~]*[!#-\[\]-~])?$"
+
+
+def verbalized_schema(k: int, max_chars: int) -> dict[str, Any]:
+    """The JSON schema of a verbalized answer: exactly ``k`` ``{"text", "probability"}`` objects, each
+    text 1 to ``max_chars`` characters of :data:`TEXT_PATTERN`, each probability a number in [0, 1]
+    with at most two decimals (a small model otherwise spends its budget on digits)."""
+    if k < 1 or max_chars < 1:
+        raise ValueError(f"k and max_chars must be >= 1, got {k} and {max_chars}")
+    candidate = {
+        "type": "object",
+        "properties": {
+            "text": {"type": "string", "minLength": 1, "maxLength": max_chars, "pattern": TEXT_PATTERN},
+            "probability": {"type": "number", "minimum": 0, "maximum": 1, "multipleOf": 0.01},
+        },
+        "required": ["text", "probability"],
+        "additionalProperties": False,
+    }
+    return {"title": "verbalized_responses", "type": "object",
+            "properties": {"responses": {"type": "array", "items": candidate, "minItems": k, "maxItems": k}},
+            "required": ["responses"], "additionalProperties": False}
+
+
+#: Tokens of a candidate's JSON besides its text (``{"text": "``, ``", "probability": 0.25}, ``), of the
+#: answer's frame (``{"responses": [``, ``]}``), and characters per text token assumed by :func:`text_budget`.
+_ITEM_TOKENS, _FRAME_TOKENS, _CHARS_PER_TOKEN = 14, 8, 3
+
+
+def text_budget(max_new_tokens: int, k: int) -> int:
+    """The longest candidate text (characters) that lets ``k`` candidates fit in ``max_new_tokens``.
+
+    Assumes 3 characters per token (SmolLM2 writes English chat at 3.5 to 5), so a constrained answer
+    normally ends within the budget; one that does not is cut, and its complete candidates are salvaged
+    (a counted ``salvaged_objects`` repair). Since a token of :data:`TEXT_PATTERN` text carries at least
+    one character, the budget is also capped so that the first candidate always completes
+    (``max_chars + 22 <= max_new_tokens``): constrained output then always parses. 256 tokens and k=5
+    give 105 characters. At least 16 (budgets under 38 tokens lose that guarantee).
+    """
+    per_item = (max_new_tokens - _FRAME_TOKENS) // k - _ITEM_TOKENS
+    return max(16, min(_CHARS_PER_TOKEN * per_item, max_new_tokens - _FRAME_TOKENS - _ITEM_TOKENS))
+
 
 _TEXT_KEYS = ("text", "response", "reply", "content", "message", "utterance")
 _PROB_KEYS = ("probability", "prob", "p", "confidence", "likelihood", "weight")
@@ -69,6 +132,11 @@ class ParseResult:
     @property
     def ok(self) -> bool:
         return self.error is None
+
+    @property
+    def format_repairs(self) -> int:
+        """How many :data:`FORMAT_REPAIRS` the answer needed (0 for well-formed JSON)."""
+        return sum(self.repairs.get(key, 0) for key in FORMAT_REPAIRS)
 
 
 def parse_verbalized(text: str, k: int) -> ParseResult:
@@ -230,7 +298,33 @@ def _items(value: Any) -> list[Any] | None:
 
 
 def _salvage(text: str, repairs: dict[str, int]) -> list[Any] | None:
-    """Complete flat ``{...}`` candidate objects in otherwise unparsable (e.g. truncated) text."""
+    """Complete candidate objects in otherwise unparsable (e.g. truncated) text: JSON objects decoded from
+    each ``{`` (braces inside their strings are fine), else flat ``{...}`` objects in relaxed syntax."""
+    found = _complete_json_objects(text) or _flat_objects(text)
+    if not found:
+        return None
+    _bump(repairs, "salvaged_objects", len(found))
+    return found
+
+
+def _complete_json_objects(text: str) -> list[Any]:
+    """The candidate objects that decode as JSON from a ``{`` of ``text``, left to right, not overlapping."""
+    decoder, found, start = json.JSONDecoder(), [], text.find("{")
+    while start >= 0:
+        try:
+            value, end = decoder.raw_decode(text, start)
+        except (ValueError, RecursionError):
+            value, end = None, start + 1
+        if isinstance(value, dict) and _item(value) is not None:
+            found.append(value)
+        else:
+            end = start + 1  # a larger object that is no candidate: look inside it
+        start = text.find("{", end)
+    return found
+
+
+def _flat_objects(text: str) -> list[Any]:
+    """Flat ``{...}`` candidate objects in JSON or Python-literal syntax."""
     found = []
     for match in _FLAT_OBJECT.finditer(text):
         chunk = _TRAILING_COMMA.sub(r"\1", match.group(0))
@@ -242,9 +336,6 @@ def _salvage(text: str, repairs: dict[str, int]) -> list[Any] | None:
             if isinstance(value, dict) and _item(value) is not None:
                 found.append(value)
             break
-    if not found:
-        return None
-    _bump(repairs, "salvaged_objects", len(found))
     return found
 
 
@@ -291,20 +382,26 @@ class VerbalizedSimulator(LLMSimulator):
         tau: Temperature of the renormalisation (see :func:`renormalise`).
         floor: Probability floor of the renormalisation.
         params: Decoding settings of the verbalized call (default greedy, 256 new tokens: the
-            diversity comes from sampling among the stated candidates).
+            diversity comes from sampling among the stated candidates). ``max_new_tokens`` and ``k``
+            set the longest candidate text (:func:`text_budget`).
+        constrained: Send :func:`verbalized_schema` with the request (``SamplingParams.json_schema``):
+            constrained decoding in process, structured output from a server. False: the same prompt,
+            free text, parsed robustly (for servers without structured output).
         fallback_temperature: Temperature of the plain sampling used when the answer is unusable.
         fallback_max_new_tokens: Token budget of a fallback reply.
         name, personas, persona_set, fallback_reply, text_format: As for :class:`LLMSimulator`.
 
     Attributes:
-        stats: ``calls`` (verbalized answers requested), ``fallbacks``, ``repair:<name>`` (summed
+        schema: The JSON schema of an answer (sent only when ``constrained``).
+        stats: ``calls`` (verbalized answers requested), ``fallbacks``, ``format_repairs`` (answers that
+            needed a :data:`FORMAT_REPAIRS` repair), ``repair:<name>`` (summed
             :attr:`ParseResult.repairs`), and :class:`LLMSimulator`'s counters.
     """
 
     kind = "verbalized"
 
     def __init__(self, backend: Backend, k: int = 5, tau: float = 1.0, floor: float = 0.01,
-                 params: SamplingParams | None = None, *, fallback_temperature: float = 1.0,
+                 params: SamplingParams | None = None, *, constrained: bool = True, fallback_temperature: float = 1.0,
                  fallback_max_new_tokens: int = 64, name: str | None = None,
                  personas: Sequence[Any] | None = None, persona_set: str | None = None,
                  fallback_reply: str = FALLBACK_REPLY, text_format: Any = None):
@@ -313,23 +410,28 @@ class VerbalizedSimulator(LLMSimulator):
         renormalise([1.0], floor, tau)  # validates floor and tau with their own messages
         super().__init__(backend, params or SamplingParams(max_new_tokens=256), name=name, personas=personas,
                          persona_set=persona_set, fallback_reply=fallback_reply, text_format=text_format)
-        self.k, self.tau, self.floor = k, tau, floor
+        self.k, self.tau, self.floor, self.constrained = k, tau, floor, constrained
         self.fallback_params = SamplingParams(max_new_tokens=fallback_max_new_tokens,
                                               temperature=fallback_temperature)
-        self.suffix = VERBALIZED_INSTRUCTIONS.format(k=k)
-        self.stats.update({"calls": 0, "fallbacks": 0})
+        max_chars = text_budget(self.params.max_new_tokens, k)
+        self.schema = verbalized_schema(k, max_chars)
+        self.params = dataclasses.replace(self.params, json_schema=self.schema if constrained else None)
+        self.suffix = VERBALIZED_INSTRUCTIONS.format(k=k, max_chars=max_chars)
+        self.stats.update({"calls": 0, "fallbacks": 0, "format_repairs": 0})
 
     @classmethod
     def from_spec(cls, spec: SimulatorSpec, context: BuildContext) -> VerbalizedSimulator:
         """Build from a parsed ``verbalized:MODEL`` spec."""
         d, e = dict(spec.decoding), dict(spec.extra)
         return cls(context.backend(spec.model), d["k"], d["tau"], d["floor"], sampling(spec),
-                   fallback_temperature=e["fallback_temperature"], fallback_max_new_tokens=e["fallback_max_new_tokens"],
+                   constrained=d["constrained"], fallback_temperature=e["fallback_temperature"],
+                   fallback_max_new_tokens=e["fallback_max_new_tokens"],
                    personas=context.personas(spec.personas), persona_set=spec.personas, text_format=env_format(context))
 
     @property
     def spec(self) -> SimulatorSpec:
-        decoding = {**self._decoding(), "k": self.k, "tau": float(self.tau), "floor": float(self.floor)}
+        decoding = {**self._decoding(), "k": self.k, "tau": float(self.tau), "floor": float(self.floor),
+                    "constrained": self.constrained}
         return SimulatorSpec(self.kind, self.backend.name, self.persona_set, decoding,
                              {"fallback_temperature": float(self.fallback_params.temperature),
                               "fallback_max_new_tokens": self.fallback_params.max_new_tokens})
@@ -346,6 +448,7 @@ class VerbalizedSimulator(LLMSimulator):
         results = [parse_verbalized(t, self.k) for t in texts]
         self.stats["calls"] += len(results)
         self.stats["fallbacks"] += sum(not r.ok for r in results)
+        self.stats["format_repairs"] += sum(r.format_repairs > 0 for r in results)
         for text, r in zip(texts, results):
             if not r.ok:
                 logger.debug("%s: unusable verbalized answer (%s), falling back: %.200r", self.name, r.error, text)
@@ -353,7 +456,9 @@ class VerbalizedSimulator(LLMSimulator):
                 self.stats[f"repair:{key}"] = self.stats.get(f"repair:{key}", 0) + n
         return results
 
-    def act_batch(self, observations: list[Any], slots: list[int]) -> list[str]:
+    def reply_batch(self, observations: list[Any], slots: list[int]) -> list[str]:
+        """Dialogue replies drawn from the renormalised verbalized candidates (:meth:`LLMSimulator.act_batch`
+        routes closing surveys elsewhere)."""
         results = self.parse(observations, slots)
         replies: list[str | None] = [None] * len(slots)
         for i, (result, slot) in enumerate(zip(results, slots)):

@@ -89,10 +89,12 @@ def test_text_decision_terminates(reply, donation, reward):
     assert rewards == {ER: reward, EE: 0.0}
     assert infos[ER]["donation"] == donation and infos[ER]["donated"] is (donation > 0)
     assert env.transcript[-1].data["donation"] == donation
+    assert infos[ER]["outcome_source"] == "decided_in_dialogue" and infos[ER]["survey_answer"] is None
+    assert infos[ER]["survey_fallback"] is False and env.survey_counts["surveys"] == 0
 
 
-def test_text_truncates_after_max_turns():
-    env = PersuasionEnv(max_turns=2)
+def test_text_without_survey_truncates_after_max_turns():
+    env = PersuasionEnv(max_turns=2, survey=False)
     env.reset(seed=3)
     steps = [env.step({seat: msg}) for seat, msg in
              ((ER, "Hi!"), (EE, "Hello."), (ER, "Imagine a hungry child."), (EE, "I see."))]
@@ -100,6 +102,7 @@ def test_text_truncates_after_max_turns():
     assert not any(s[3][ER] for s in steps[:-1])
     assert truncs[ER] and not terms[ER] and rewards[ER] == 0.0
     assert infos[ER]["donation"] is None and infos[ER]["donated"] is False and env.max_steps == 4
+    assert infos[ER]["outcome_source"] is None and env.survey_counts["surveys"] == 0
 
 
 def test_text_observations_and_transcript():
@@ -151,6 +154,7 @@ def test_act_decisions_terminate(ee_act, amount, reward):
     env.step({ER: act_index("proposition-of-donation")})
     _, rewards, terms, truncs, infos = env.step({EE: encode_persuadee_action(ee_act, amount)})
     assert terms[ER] and not truncs[ER] and rewards[ER] == reward and infos[ER]["donation"] == amount
+    assert infos[ER]["outcome_source"] == "decided_in_dialogue" and "survey_answer" not in infos[ER]
     assert env.transcript[-1].act == ee_act and env.transcript[-2].act == "proposition-of-donation"
 
 
@@ -159,8 +163,9 @@ def test_act_truncates_after_max_turns():
     env.reset(seed=0)
     for turn in range(3):
         env.step({ER: act_index("logical-appeal")})
-        _, rewards, terms, truncs, _ = env.step({EE: encode_persuadee_action("acknowledgement")})
+        _, rewards, terms, truncs, infos = env.step({EE: encode_persuadee_action("acknowledgement")})
     assert truncs[ER] and not terms[ER] and rewards[ER] == 0.0
+    assert infos[ER]["outcome_source"] is None and infos[ER]["donation"] is None and env.max_steps == 6
 
 
 def test_act_observations_encode_the_dialogue():

@@ -225,7 +225,8 @@ ACT_ONLY = ["verbalized:persuadee?tau=0.5", "verbalized:persuadee:heldout-0?pers
 
 
 @pytest.mark.parametrize("make, spec", [(PersuasionActEnv, s) for s in BOTH_LEVELS + ACT_ONLY]
-                         + [(PersuasionEnv, s) for s in BOTH_LEVELS + ["native:simpop/Persuasion-v0"]])
+                         + [(PersuasionEnv, s) for s in BOTH_LEVELS + ["native:simpop/Persuasion-v1",
+                                                                       "native:simpop/Persuasion-v0"]])
 def test_every_p4g_kind_has_a_spec_that_round_trips_and_rebuilds(make, spec):
     env = make()
     sim = build_simulator(spec, env=env)

@@ -134,7 +134,7 @@ def test_native_factories():
 
 
 @pytest.mark.parametrize("env_id, episodes, tolerance", [("simpop/PersuasionAct-v0", 3000, 0.03),
-                                                         ("simpop/Persuasion-v0", 800, 0.05)])
+                                                         ("simpop/Persuasion-v1", 800, 0.05)])
 def test_calibration_figures_in_the_env(env_id, episodes, tolerance):
     """The reference persuader against the native persuadee reproduces P4G's donor rate and mean donation."""
     env = gymnasium.make(env_id).unwrapped
@@ -147,7 +147,7 @@ def test_calibration_figures_in_the_env(env_id, episodes, tolerance):
             _, _, terminated, truncated, info = env.step(action)
             if terminated or truncated:
                 break
-        assert terminated, "the persuadee decides when asked"
+        assert terminated and info["outcome_source"] == "decided_in_dialogue", "the persuadee decides when asked"
         donations.append(info["donation"])
     donations = np.array(donations)
     assert (donations > 0).mean() == pytest.approx(CORPUS_DONOR_RATE, abs=tolerance)

@@ -6,9 +6,12 @@ of their $2 task payment ($0–$2) to Save the Children. In the corpus (1,017 di
 
 **Envs** (:mod:`.env`, registered in :mod:`simpop.envs`; both share scenarios, seats and outcome):
 
-- ``simpop/Persuasion-v0`` (text): actions are messages of 1–``max_message_chars`` (1000) characters;
+- ``simpop/Persuasion-v1`` (text): actions are messages of 1–``max_message_chars`` (1000) characters;
   observations are JSON text (``DialogueEnv.text_observation``) with an extra ``instructions`` field: the
-  persuader's task, or the persuadee's role prompt with its persona (never shown to the persuader).
+  persuader's task, or the persuadee's role prompt with its persona (never shown to the persuader). An
+  undecided dialogue ends with the closing survey (below). ``simpop/Persuasion-v0`` is the same env without
+  the survey (``survey=False``: an undecided dialogue is truncated with reward 0), kept so that earlier
+  text-level numbers stay reproducible; the survey changes rewards, hence the new version.
 - ``simpop/PersuasionAct-v0`` (acts): the persuader acts with ``Discrete(14)`` and observes
   ``Box(0, 1, (40,))`` (last persuadee act one-hot, its own act counts / max_turns, turn fraction, to-act
   flag; the persona is hidden); the persuadee acts with ``Discrete(23 · 7)`` (act × amount level) and
@@ -32,10 +35,47 @@ acts with several phrasings each (act-level transcripts, the text simulator, the
 tag decides (last wins), else natural pledges (*I'll give 50 cents*, *a dollar fifty*, *all of it*) or
 refusals (*no thanks, I'll pass* = $0); amounts clamp to [0, 2]; no decision → None. The first stated
 decision **terminates** the episode: reward 1 to the persuader if the amount is > 0, else 0 (the persuadee
-seat's reward is 0). After ``max_turns`` (default 10) exchanges without one, the episode is **truncated**
-(``max_steps = 2 · max_turns``; rejected actions count). ``info`` carries ``donation`` (amount or None)
-and ``donated``. At the act level, agree-donation / provide-donation-amount / confirm-donation donate
-their amount, disagree-donation(-more) states $0.
+seat's reward is 0). ``max_turns`` (default 10) exchanges = ``2 · max_turns`` steps (rejected actions count)
+without one end the dialogue: the text env asks the **closing survey**, whose answer is the outcome; the act
+env (and ``Persuasion-v0``) **truncates** with reward 0. ``info`` carries ``donation`` (amount or None),
+``donated`` and ``outcome_source``: ``"decided_in_dialogue"``, ``"survey"``, or None (no outcome yet, or
+truncated). At the act level, agree-donation / provide-donation-amount / confirm-donation donate their
+amount, disagree-donation(-more) states $0.
+
+**Closing survey** (text level; :class:`~.env.PersuasionEnv`, :func:`~.env.read_survey_answer`). In P4G the
+recorded outcome is the donation each persuadee entered in a survey *after* the chat, not a sentence inside
+it; an LLM persuadee (SmolLM2 always) may chat to the turn cap without stating a readable decision, which
+scored every such dialogue 0. So after ``2 · max_turns`` undecided steps the persuadee acts once more
+(``max_steps = 2 · max_turns + 1``; ``info["phase"] == "survey"``): its observation (only its own: the
+persuader never sees the survey) carries ``"survey": {"question", "options"}`` (:data:`~.env.SURVEY`: "how
+much of your $2 task payment do you donate to Save the Children?", options ``I donate nothing`` and one per
+:data:`~.model.AMOUNT_LEVELS` amount, ``I donate $0.05`` … ``I donate $2.00``: the decision comes first, so that
+an LLM's probability of giving nothing is not split among the labels that share ``$0.``). The answer is text
+naming an option, read strictly (an option label, or an amount equal to one: ``$0.50``, ``0.5``, ``50 cents``),
+then leniently
+(:func:`parse_donation`, ``nothing``, or the one dollar amount the text names, moved to the nearest option of
+the same sign), else it falls back to $0 (empty, not text, off the $0–$2 scale, nothing readable): the episode
+still terminates, ``info["survey_fallback"]`` is True with ``survey_reason``, the env counts it in
+``survey_counts`` and logs it (a warning the first time). The answer is never rejected and is not added to
+the transcript. Outcome info also has ``survey_answer`` (the option), ``survey_parse`` (strict | lenient |
+fallback) and ``survey_reply`` (the raw answer). Who answers how: the native :class:`~.simulators.TextPersuadee`
+from its model's decision in its current state (what it would decide if asked now; greedy: the mode); LLM
+simulators as a constrained choice over the options' log-probabilities (:mod:`simpop.simulators.llm`; a
+backend that cannot score answers in free text, counted in ``survey_unscored``). The protocol is
+:class:`simpop.seat.SurveyAnswerer`.
+
+**Why the act level has no survey.** At the act level the donation question is an action of the persuader
+(proposition-of-donation, ask-donation-amount) and the persuadee answers every ask with a decision, so what
+the survey repairs at the text level, a persuadee whose decision cannot be read, cannot happen there. The one
+case the two levels score differently is a persuader that never asks: the text level asks the survey, the act
+level truncates with reward 0. The corpus does not settle that case (P4G persuaders ask; the calibration's
+reference persuader always asks, and the persuadee model was fitted to answer an ask, not to decide unasked),
+while every act-level result (the calibration targets, the collapse experiment, its panels and checkpoints)
+is defined by the act level's reward. So the act level keeps its semantics and its id
+(``simpop/PersuasionAct-v0``). The levels stay consistent where the corpus speaks: the same decision rule
+ends both (a stated decision terminates; reward 1 iff > $0), and the native text persuadee answers the survey
+with exactly the distribution with which the act persuadee answers an ask in the same state (tested), so a
+persuader that asks gets the same outcome distribution at both levels.
 
 **Scenarios** (:mod:`.scenario`). ``scenario_ids()`` are ``p4g-0000`` … ``p4g-0199``: personas drawn from
 :class:`PersonaSampler` with a fixed seed (``n_scenarios``, ``scenario_seed``), or with ``corpus_dir=``
@@ -59,11 +99,12 @@ for gradient or ES training). ``calibrate`` sets the intercept and amount shift 
 gets a 53.6% donor rate and a $0.35 mean donation; the defaults are calibrated (tests check both).
 
 **Simulators** (:mod:`.simulators`). ``ActPersuadee`` (act level; a ``DistributionalSimulator``) and
-``TextPersuadee`` (text: classify the message, answer with the model, realise the reply; decisions are
-natural phrasings without a tag). Decoding ``"sample"`` (with ``temperature``) or ``"greedy"`` (every
-argmax, donate iff p > 0.5, canonical phrasing); ``ActPersuadee(decoding="greedy",
-persona_override=modal_persona())`` is the mode-collapsed frozen simulator of the collapse experiment.
-Their trainable form, ``TrainableActPersuadee`` (``trainable:persuadee``), is in :mod:`.trainable`.
+``TextPersuadee`` (text: classify the message, answer with the model, realise the reply; decisions are natural
+phrasings without a tag; the closing survey from the model's decision distribution). Decoding ``"sample"``
+(with ``temperature``) or ``"greedy"`` (every argmax, donate iff p > 0.5, canonical phrasing);
+``ActPersuadee(decoding="greedy", persona_override=modal_persona())`` is the mode-collapsed frozen simulator
+of the collapse experiment. Their trainable form, ``TrainableActPersuadee`` (``trainable:persuadee``), is in
+:mod:`.trainable`.
 
 **Corpus** (:mod:`.corpus`). ``load_corpus(dir)`` reads the real files: ``full_dialog.csv`` (``Unit``,
 ``Turn``, ``B4`` role 0 = persuader / 1 = persuadee, ``B2`` dialogue id), ``full_info.csv`` (``B2``, ``B3``,
@@ -78,11 +119,11 @@ naming the file, column and row. The corpus is not shipped.
 reference persuader and the native persuadee.
 """
 
-from simpop.envs.persuasion.env import PersuasionActEnv, PersuasionEnv
+from simpop.envs.persuasion.env import SURVEY, PersuasionActEnv, PersuasionEnv, read_survey_answer
 from simpop.envs.persuasion.model import PersuadeeModel, PersuadeeParams, calibrate
 from simpop.envs.persuasion.outcome import parse_donation
 from simpop.envs.persuasion.personas import Persona, PersonaSampler, modal_persona
 from simpop.envs.persuasion.scenario import PersuasionScenario
 
-__all__ = ["Persona", "PersonaSampler", "PersuadeeModel", "PersuadeeParams", "PersuasionActEnv", "PersuasionEnv",
-           "PersuasionScenario", "calibrate", "modal_persona", "parse_donation"]
+__all__ = ["SURVEY", "Persona", "PersonaSampler", "PersuadeeModel", "PersuadeeParams", "PersuasionActEnv",
+           "PersuasionEnv", "PersuasionScenario", "calibrate", "modal_persona", "parse_donation", "read_survey_answer"]

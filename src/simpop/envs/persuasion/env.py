@@ -1,13 +1,20 @@
-"""The two P4G envs: free text (``simpop/Persuasion-v0``) and dialogue acts (``simpop/PersuasionAct-v0``).
+"""The two P4G envs: free text (``simpop/Persuasion-v1``) and dialogue acts (``simpop/PersuasionAct-v0``).
 
 Both share scenarios (personas + the $2 donation context, from :mod:`.scenario`), seats (``persuader``
 = policy, speaks first; ``persuadee`` = user) and the outcome: the episode terminates when the persuadee
-states a decision (reward 1 to the persuader if the amount is > 0, else 0) and is truncated after
-``max_turns`` persuader–persuadee exchanges (``max_steps = 2 · max_turns``; rejected actions count).
+states a decision (reward 1 to the persuader if the amount is > 0, else 0). After ``max_turns``
+persuader–persuadee exchanges without one (``2 · max_turns`` steps; rejected actions count) the text env
+asks the persuadee the closing survey (:data:`SURVEY`, one more persuadee step whose answer is the
+outcome: :func:`read_survey_answer`); the act env (and the text env with ``survey=False``, the
+``simpop/Persuasion-v0`` behaviour) truncates with reward 0. The package docstring explains the choice.
 """
 
 from __future__ import annotations
 
+import logging
+import math
+import re
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -18,9 +25,117 @@ from simpop.envs.dialogue import DialogueEnv, Outcome, TextSpace, Turn
 from simpop.envs.persuasion.acts import (DONATING_ACTS, PERSUADEE_ACTS, PERSUADER_ACTS, REFUSING_ACTS,
                                          classify_persuader, render_persuadee, render_persuader)
 from simpop.envs.persuasion.model import AMOUNT_LEVELS
-from simpop.envs.persuasion.outcome import parse_donation
+from simpop.envs.persuasion.outcome import MAX_DONATION, parse_donation
 from simpop.envs.persuasion.personas import Persona
 from simpop.envs.persuasion.scenario import PersuasionScenario, corpus_scenarios, default_scenarios, persona_set
+from simpop.seat import SURVEY_KEY, Survey
+
+logger = logging.getLogger(__name__)
+
+#: Where an episode's outcome came from (``info["outcome_source"]``; None while there is none).
+DECIDED_IN_DIALOGUE, FROM_SURVEY = "decided_in_dialogue", "survey"
+
+# ---------------------------------------------------------------------------------------------- closing survey
+#: The closing survey's answers in dollars: nothing, or one of the amount levels.
+SURVEY_AMOUNTS: tuple[float, ...] = (0.0, *AMOUNT_LEVELS)
+#: Their labels, one per amount: ``I donate nothing``, ``I donate $0.05`` ... ``I donate $2.00``. Stating the
+#: decision first keeps "nothing" apart from every amount from the first differing token on; as ``$0.00`` it
+#: would share the ``$0.`` prefix with four small amounts and an LLM's probability of giving nothing would be
+#: split among them (SmolLM2: P($0.00) ≈ 0.04 where P(I donate nothing) ≈ 0.1-0.4 on the same chats).
+SURVEY_OPTIONS: tuple[str, ...] = ("I donate nothing", *(f"I donate ${a:.2f}" for a in AMOUNT_LEVELS))
+#: The question P4G asked every persuadee after the chat, with the options spelled out.
+SURVEY = Survey(
+    "The chat is over. Closing survey: how much of your $2 task payment do you donate to Save the Children? "
+    f"Answer with exactly one of: {', '.join(SURVEY_OPTIONS)}.", SURVEY_OPTIONS)
+
+_BARE_AMOUNT = re.compile(r"(?P<sign>[-\u2212])?\s*\$?\s*(?P<num>\d+(?:\.\d*)?|\.\d+)\s*"
+                          r"(?P<unit>dollars?|usd|bucks?|cents?|¢)?", re.IGNORECASE)
+_NAMED_AMOUNT = re.compile(r"(?P<sign>[-\u2212])?\$\s*(?P<num>\d+(?:\.\d*)?|\.\d+)")
+_ZERO_WORDS = {"nothing", "none", "zero", "no donation"}
+#: How much of a survey answer is read.
+SURVEY_READ_CHARS = 2000
+
+
+@dataclass(frozen=True)
+class SurveyAnswer:
+    """How the env read a closing-survey answer.
+
+    Attributes:
+        amount: The donation: one of :data:`SURVEY_AMOUNTS`.
+        parse: ``"strict"`` (an option label or an amount equal to one), ``"lenient"`` (a decision
+            :func:`parse_donation` reads, or the one dollar amount the text names, moved to the nearest
+            option of the same sign), or ``"fallback"`` ($0: nothing readable, an off-scale amount, not text).
+        reason: Why it fell back (None otherwise).
+    """
+
+    amount: float
+    parse: str
+    reason: str | None = None
+
+    @property
+    def option(self) -> str:
+        return SURVEY_OPTIONS[SURVEY_AMOUNTS.index(self.amount)]
+
+
+def _nearest_option(amount: float) -> float:
+    """The survey amount closest to ``amount`` in [0, 2], keeping its sign ($0 only for exactly nothing)."""
+    if amount <= 0:
+        return 0.0
+    return min(AMOUNT_LEVELS, key=lambda level: (abs(level - amount), level))
+
+
+def _level(amount: float) -> float | None:
+    return next((a for a in SURVEY_AMOUNTS if math.isclose(a, amount, abs_tol=1e-9)), None)
+
+
+def read_survey_answer(answer: Any) -> SurveyAnswer:
+    """Read a closing-survey answer: strictly first, then leniently, else a $0 fallback; never raises.
+
+    1. **Strict**: the answer (stripped of whitespace, quotes and a final ``.``/``!``) is an option label
+       (``I donate $0.50``, any case) or an amount equal to an option's (``$0.50``, ``0.5``, ``$.50``, ``50
+       cents``, ``2 dollars``, ``$0``).
+       A bare amount off the $0–$2 scale (``$5``, ``-1``) falls back.
+    2. **Lenient**: :func:`parse_donation` reads a decision (``I'll give 50 cents``, ``[DONATE $1]``, ``no
+       thanks``), else the text is ``nothing`` / ``none`` / ``zero``, else it names exactly one distinct dollar
+       amount (``$0.50, because kids matter``); an amount between options moves to the nearest option of the
+       same sign (a positive amount never becomes $0); a named amount off the scale falls back.
+    3. **Fallback**: $0, with the reason (empty, not text, off-scale, nothing readable).
+
+    Only the first :data:`SURVEY_READ_CHARS` characters are read (an answer is a few words).
+    """
+    if not isinstance(answer, str):
+        return SurveyAnswer(0.0, "fallback", f"the answer is not text (got {type(answer).__name__})")
+    text, before = answer[:SURVEY_READ_CHARS], None
+    while text != before:  # "$0.50". or **$0.50** or '$0.50!'
+        before, text = text, text.strip().strip("\"'`*").rstrip(".!")
+    if not text:
+        return SurveyAnswer(0.0, "fallback", "empty answer")
+    folded = text.casefold()
+    for label, amount in zip(SURVEY_OPTIONS, SURVEY_AMOUNTS):
+        if folded == label.casefold():
+            return SurveyAnswer(amount, "strict")
+    bare = _BARE_AMOUNT.fullmatch(text)
+    if bare:
+        value = float(bare["num"]) / (100.0 if (bare["unit"] or "").lower() in ("cent", "cents", "¢") else 1.0)
+        value = -value if bare["sign"] else value
+        if _level(value) is not None:
+            return SurveyAnswer(_level(value), "strict")
+        if not 0.0 <= value <= MAX_DONATION:
+            return SurveyAnswer(0.0, "fallback", f"off-scale amount {text!r} (the options are $0-$2)")
+        return SurveyAnswer(_nearest_option(value), "lenient")
+    decision = parse_donation(text)
+    if decision is not None:
+        return SurveyAnswer(_nearest_option(decision), "lenient")
+    if folded in _ZERO_WORDS:
+        return SurveyAnswer(0.0, "lenient")
+    named = {(-1.0 if m["sign"] else 1.0) * float(m["num"]) for m in _NAMED_AMOUNT.finditer(text)}
+    if len(named) == 1:
+        (value,) = named
+        if not 0.0 <= value <= MAX_DONATION:
+            return SurveyAnswer(0.0, "fallback", f"off-scale amount ${value:g} (the options are $0-$2)")
+        return SurveyAnswer(_nearest_option(value), "lenient")
+    return SurveyAnswer(0.0, "fallback", "no option, amount or donation decision found"
+                        + (f" (it names {len(named)} different amounts)" if named else ""))
 
 
 class _PersuasionEnv(DialogueEnv):
@@ -29,6 +144,9 @@ class _PersuasionEnv(DialogueEnv):
     policy_seat = "persuader"
     user_seat = "persuadee"
     first_seat = "persuader"
+
+    #: Whether a dialogue that reaches the turn cap undecided ends with the closing survey.
+    survey: bool = False
 
     def __init__(self, max_turns: int = 10, n_scenarios: int = 200, scenario_seed: int = 2019,
                  corpus_dir: str | Path | None = None, render_mode: str | None = None):
@@ -41,7 +159,10 @@ class _PersuasionEnv(DialogueEnv):
                      else default_scenarios(n_scenarios, scenario_seed))
         self._scenarios = {s.id: s for s in scenarios}
         self.donation: float | None = None
-        super().__init__(max_steps=2 * max_turns, render_mode=render_mode)
+        self.outcome_source: str | None = None
+        #: Steps of the dialogue proper; the survey, when asked, is one more.
+        self.dialogue_steps = 2 * max_turns
+        super().__init__(max_steps=self.dialogue_steps + int(self.survey), render_mode=render_mode)
 
     def scenario_ids(self) -> list[str]:
         return list(self._scenarios)
@@ -60,21 +181,31 @@ class _PersuasionEnv(DialogueEnv):
 
     def _start(self) -> None:
         self.donation = None
+        self.outcome_source = None
 
     def _outcome(self) -> Outcome | None:
         if self.donation is None:
             return None
         donated = self.donation > 0
         return Outcome({self.policy_seat: float(donated), self.user_seat: 0.0},
-                       {"donation": self.donation, "donated": donated})
+                       {"donation": self.donation, "donated": donated, "outcome_source": self.outcome_source,
+                        **self._outcome_extras()})
+
+    def _outcome_extras(self) -> dict[str, Any]:
+        """More outcome info (the text env's survey reading)."""
+        return {}
 
     def _truncated_outcome(self) -> Outcome:
-        return Outcome({a: 0.0 for a in self.possible_agents}, {"donation": None, "donated": False})
+        return Outcome({a: 0.0 for a in self.possible_agents},
+                       {"donation": None, "donated": False, "outcome_source": None})
 
     def _base_info(self, seat: str) -> dict[str, Any]:
         info = super()._base_info(seat)
-        info.update(donation=self.donation, donated=bool(self.donation))
+        info.update(donation=self.donation, donated=bool(self.donation), outcome_source=self.outcome_source)
         return info
+
+    def _decide(self, amount: float, source: str) -> None:
+        self.donation, self.outcome_source = amount, source
 
 
 class PersuasionEnv(_PersuasionEnv):
@@ -83,24 +214,81 @@ class PersuasionEnv(_PersuasionEnv):
     Observations are JSON text (:meth:`DialogueEnv.text_observation`) with an extra ``instructions``
     field: the persuader's task (never the persona) or the persuadee's role prompt with its persona.
     Actions are messages of 1..``max_message_chars`` characters. Each persuadee message is read with
-    :func:`parse_donation`; the first stated decision ends the episode.
+    :func:`parse_donation`; the first stated decision ends the episode (``outcome_source =
+    "decided_in_dialogue"``).
+
+    **Closing survey.** When ``2 · max_turns`` steps pass without a decision, the persuadee acts once more
+    (``info["phase"] == "survey"``): its observation carries ``"survey": {"question", "options"}``
+    (:data:`SURVEY`; the persuader's does not), and its action, any text, is read by
+    :func:`read_survey_answer` (never rejected; unreadable -> $0, ``info["survey_fallback"]``, counted in
+    :attr:`survey_counts` and logged). The answer is the outcome (``outcome_source = "survey"``); it is
+    not added to the transcript (P4G's persuader never saw the survey). Outcome info then also holds
+    ``survey_answer`` (the option), ``survey_parse`` (strict | lenient | fallback), ``survey_fallback``,
+    ``survey_reason`` and ``survey_reply`` (the answer as given, cut to 500 characters).
 
     Args:
-        max_turns: Persuader–persuadee exchanges before truncation.
+        max_turns: Persuader–persuadee exchanges before the survey (or truncation).
         max_message_chars: Longest accepted message.
         n_scenarios, scenario_seed: Size and seed of the default persona set.
         corpus_dir: Use the P4G corpus's persuadee personas instead (see ``corpus.py``).
         render_mode: ``"ansi"`` or ``"human"``.
+        survey: Ask the closing survey (``simpop/Persuasion-v1``); False truncates undecided dialogues
+            with reward 0 instead (``simpop/Persuasion-v0``).
+
+    Attributes:
+        survey_counts: Since construction: ``surveys`` asked, answers read ``strict``, ``lenient``, and
+            ``fallback``.
     """
 
-    metadata = {**DialogueEnv.metadata, "name": "persuasion_v0"}
+    metadata = {**DialogueEnv.metadata, "name": "persuasion_v1"}
 
     def __init__(self, max_turns: int = 10, max_message_chars: int = 1000, n_scenarios: int = 200,
-                 scenario_seed: int = 2019, corpus_dir: str | Path | None = None, render_mode: str | None = None):
+                 scenario_seed: int = 2019, corpus_dir: str | Path | None = None, render_mode: str | None = None,
+                 survey: bool = True):
         if max_message_chars < 1:
             raise ValueError(f"max_message_chars must be >= 1, got {max_message_chars}")
         self.max_message_chars = max_message_chars
+        self.survey = bool(survey)
+        self.survey_counts = {"surveys": 0, "strict": 0, "lenient": 0, "fallback": 0}
+        self.phase = "dialogue"
+        self.survey_answer: SurveyAnswer | None = None
+        self._survey_reply = ""
         super().__init__(max_turns, n_scenarios, scenario_seed, corpus_dir, render_mode)
+
+    def _start(self) -> None:
+        super()._start()
+        self.phase = "dialogue"
+        self.survey_answer = None
+        self._survey_reply = ""
+
+    def _outcome(self) -> Outcome | None:
+        # The base calls this after every step, before it builds the step's observations: the place to
+        # turn an undecided dialogue at the turn cap into the survey turn.
+        if (self.donation is None and self.survey and self.phase == "dialogue"
+                and self.steps >= self.dialogue_steps):
+            self.phase = "survey"
+            self.to_act = self.user_seat
+            self._errors.pop(self.user_seat, None)  # a rejected last message is not the survey's business
+            self.survey_counts["surveys"] += 1
+        return super()._outcome()
+
+    def _outcome_extras(self) -> dict[str, Any]:
+        answer = self.survey_answer
+        return {"survey_answer": answer.option if answer else None, "survey_parse": answer.parse if answer else None,
+                "survey_fallback": bool(answer and answer.parse == "fallback"),
+                "survey_reason": answer.reason if answer else None,
+                "survey_reply": self._survey_reply[:500] if answer else None}
+
+    def _base_info(self, seat: str) -> dict[str, Any]:
+        info = super()._base_info(seat)
+        info["phase"] = self.phase
+        return info
+
+    def step(self, actions: dict[str, Any]):
+        observations, rewards, terminations, truncations, infos = super().step(actions)
+        for info in infos.values():  # the phase after the step (the base's infos are begun before it)
+            info["phase"] = self.phase
+        return observations, rewards, terminations, truncations, infos
 
     def _make_spaces(self):
         # JSON escapes a control character as 6 characters; instructions take a few thousand.
@@ -110,6 +298,8 @@ class PersuasionEnv(_PersuasionEnv):
         return obs, act
 
     def _validate(self, seat: str, action: Any) -> str | None:
+        if self.phase == "survey":
+            return None  # every answer is read (read_survey_answer), falling back to $0 if need be
         if not isinstance(action, str):
             return f"action must be a str (the message), got {type(action).__name__}"
         if not action.strip():
@@ -119,19 +309,42 @@ class PersuasionEnv(_PersuasionEnv):
         return None
 
     def _apply(self, seat: str, action: str) -> str:
+        if self.phase == "survey":
+            self._answer_survey(action)
+            return self.user_seat
         if seat == self.policy_seat:
             self.transcript.append(Turn(seat, action, act=classify_persuader(action)))
             return self.user_seat
         donation = parse_donation(action)
         self.transcript.append(Turn(seat, action, data={"donation": donation}))
         if donation is not None:
-            self.donation = donation
+            self._decide(donation, DECIDED_IN_DIALOGUE)
         return self.policy_seat
+
+    def _answer_survey(self, action: Any) -> None:
+        answer = read_survey_answer(action)
+        self.survey_answer, self._survey_reply = answer, action if isinstance(action, str) else repr(action)
+        self.survey_counts[answer.parse] += 1
+        if answer.parse == "fallback":
+            n = self.survey_counts["fallback"]
+            # The first fallback of an env is a warning; later ones are counted and logged quietly.
+            logger.log(logging.WARNING if n == 1 else logging.DEBUG,
+                       "P4G closing survey: %s in %.200r; recorded as $0 (fallback %d of %d surveys)",
+                       answer.reason, self._survey_reply, n, self.survey_counts["surveys"])
+        self._decide(answer.amount, FROM_SURVEY)
 
     def _observe(self, seat: str) -> str:
         instructions = (self.scenario.policy_instructions(self.max_turns) if seat == self.policy_seat
                         else self.scenario.user_instructions())
+        if self.phase == "survey" and seat == self.user_seat and self.to_act == seat:
+            return self.text_observation(seat, instructions=instructions, **{SURVEY_KEY: SURVEY.as_dict()})
         return self.text_observation(seat, instructions=instructions)
+
+    def render(self) -> str | None:
+        text = super().render()
+        if text is None or self.survey_answer is None:
+            return text
+        return f"{text}\n[{self.user_seat}, closing survey] {self.survey_answer.option}".lstrip("\n")
 
 
 # ---------------------------------------------------------------------------------------------- act level
@@ -215,7 +428,7 @@ class PersuasionActEnv(_PersuasionEnv):
         text = render_persuadee(act, amount if act in DONATING_ACTS else None, self._text_rng)
         self.transcript.append(Turn(seat, text, act=act, data={"donation": amount}))
         if act in DONATING_ACTS or act in REFUSING_ACTS:
-            self.donation = amount
+            self._decide(amount, DECIDED_IN_DIALOGUE)
         return self.policy_seat
 
     def _observe(self, seat: str) -> np.ndarray:

@@ -4,7 +4,9 @@
   distribution.
 - :class:`TextPersuadee` fills the text env's seat: it classifies the persuader's message into an act,
   lets the model answer, and realises the answer as text (decisions as natural phrasings that
-  :func:`parse_donation` reads, without a ``[DONATE $N]`` tag).
+  :func:`parse_donation` reads, without a ``[DONATE $N]`` tag). It answers the closing survey
+  (:class:`~simpop.seat.SurveyAnswerer`) from the model's decision distribution in its current state:
+  exactly what it would decide if the persuader asked now.
 
 Decoding ``"sample"`` draws from the model at ``temperature``; ``"greedy"`` takes every argmax (and the
 canonical phrasing): with ``persona_override=modal_persona()`` it is the mode-collapsed frozen simulator.
@@ -29,10 +31,11 @@ import numpy as np
 
 from simpop.envs.dialogue import parse_observation
 from simpop.envs.persuasion.acts import DONATING_ACTS, classify_persuader, render_persuadee
-from simpop.envs.persuasion.env import encode_persuadee_action, last_persuader_act
+from simpop.envs.persuasion.env import encode_persuadee_action, last_persuader_act, read_survey_answer
 from simpop.envs.persuasion.model import Outcome, PersuadeeModel, PersuadeeParams, PersuadeeState, calibrate
 from simpop.envs.persuasion.personas import Persona
-from simpop.seat import SCENARIO_PERSONAS, BuildContext, DistributionalSimulator, Simulator, SimulatorSpec
+from simpop.seat import (SCENARIO_PERSONAS, BuildContext, DistributionalSimulator, Simulator, SimulatorSpec, Survey,
+                         survey_of)
 
 DECODINGS = ("sample", "greedy")
 #: The calibrated default parameters' model name in specs.
@@ -141,17 +144,63 @@ class ActPersuadee(_ModelPersuadee, DistributionalSimulator):
 
 
 class TextPersuadee(_ModelPersuadee):
-    """Text persuadee for ``simpop/Persuasion-v0`` (same arguments as :class:`ActPersuadee`)."""
+    """Text persuadee for ``simpop/Persuasion-v1`` (same arguments as :class:`ActPersuadee`).
+
+    A :class:`~simpop.seat.SurveyAnswerer`: the closing survey's answer comes from the model's decision in
+    the slot's current state (:meth:`survey_distribution`), drawn with the slot's generator at the
+    simulator's temperature (greedy: donate iff p > 0.5, the most likely amount).
+    """
 
     def act_batch(self, observations: list[Any], slots: list[int]) -> list[str]:
         replies = []
         for obs, slot in zip(observations, slots, strict=True):
+            survey = survey_of(obs)
+            if survey is not None:
+                replies.extend(self.answer_survey([obs], [slot], [survey]))
+                continue
             messages = parse_observation(obs)["messages"]
             heard = next((m["content"] for m in reversed(messages) if m["role"] == "user"), "")
             (act, amount) = self._reply(slot, classify_persuader(heard), commit=True)[1]
             rng = None if self.decoding == "greedy" else self._slots[slot].rng
             replies.append(render_persuadee(act, amount if act in DONATING_ACTS else None, rng))
         return replies
+
+    def survey_distribution(self, observations: list[Any], slots: list[int],
+                            surveys: list[Survey]) -> list[list[float] | None]:
+        """Per slot, each option's probability: the model's decision if asked now, at this decoding.
+
+        $0 gets the refusal probability, each amount level the donation probability times the level's
+        share (greedy: one-hot). Options are matched to amounts as the env reads answers
+        (:func:`~simpop.envs.persuasion.env.read_survey_answer`); None if no option is an amount the model
+        gives (a survey not of this env), and the answer is then the model's decision as text.
+        """
+        out: list[list[float] | None] = []
+        for slot, survey in zip(slots, surveys, strict=True):
+            mass = {amount: q for (_, amount), q in self._decision(slot)}
+            readings = [read_survey_answer(o) for o in survey.options]
+            probs = np.array([mass.get(r.amount, 0.0) if r.parse != "fallback" else 0.0 for r in readings])
+            out.append([float(p) for p in probs / probs.sum()] if probs.sum() > 0 else None)
+        return out
+
+    def answer_survey(self, observations: list[Any], slots: list[int], surveys: list[Survey]) -> list[str]:
+        """Per slot, the chosen option: the most likely one when greedy, else drawn with the slot's generator."""
+        answers = []
+        for slot, survey, probs in zip(slots, surveys, self.survey_distribution(observations, slots, surveys)):
+            if probs is None:
+                options = self._decision(slot)
+                weights = np.array([q for _, q in options])
+                index = (int(np.argmax(weights)) if self.decoding == "greedy"
+                         else int(self._slots[slot].rng.choice(len(options), p=weights / weights.sum())))
+                answers.append(f"${options[index][0][1]:.2f}")
+            elif self.decoding == "greedy":
+                answers.append(survey.options[int(np.argmax(probs))])
+            else:
+                answers.append(survey.options[int(self._slots[slot].rng.choice(len(probs), p=probs))])
+        return answers
+
+    def _decision(self, slot: int) -> list[tuple[Outcome, float]]:
+        """The decision distribution in the slot's current state (no asking act applied: nothing is heard)."""
+        return self.model.distribution(self._slots[slot].state, "ask-donation-amount", self.temperature)
 
 
 def _heard(observation: Any) -> str:
@@ -214,5 +263,5 @@ def native_act(env: Any) -> ActPersuadee:
 
 
 def native_text(env: Any) -> TextPersuadee:
-    """Default simulator of ``simpop/Persuasion-v0``: the calibrated model, sampled, realised as text."""
+    """Default simulator of ``simpop/Persuasion-v1``: the calibrated model, sampled, realised as text."""
     return TextPersuadee()
