@@ -36,6 +36,16 @@ new file mode 100644
 """
 
 
+# The mini set's calling convention: run_tests.sh <repo_path> <tests.patch> [feature.patch].
+RUN_TESTS = """set -e
+cd "$1"
+if [ -n "$3" ]; then git apply "$3"; fi
+git apply "$2"
+export PYTEST_DISABLE_PLUGIN_AUTOLOAD=1
+python -m pytest -q tests/test_box.py
+"""
+
+
 @pytest.fixture(scope="module")
 def task(tmp_path_factory) -> Task:
     root = tmp_path_factory.mktemp("boxdata")
@@ -47,8 +57,7 @@ def task(tmp_path_factory) -> Task:
         (task_dir / f"feature{fid}").mkdir()
         (task_dir / f"feature{fid}" / "feature.md").write_text("Make f() return 1.")
         (task_dir / f"feature{fid}" / "tests.patch").write_text(TESTS_PATCH)
-    (task_dir / "run_tests.sh").write_text(
-        "export PYTEST_DISABLE_PLUGIN_AUTOLOAD=1\npython -m pytest -q tests/test_box.py\n")
+    (task_dir / "run_tests.sh").write_text(RUN_TESTS)
     return load_dataset(root).tasks["box/task1"]
 
 

@@ -5,6 +5,7 @@ from __future__ import annotations
 import json
 import shutil
 import subprocess
+from pathlib import Path
 
 import pytest
 
@@ -43,14 +44,19 @@ def test_mini_set_layout():
     assert task.combined_patch and task.tests is not None
 
 
-def test_upstream_run_tests_script_is_parsed():
+def test_upstream_run_tests_script_is_kept_whole():
     command = parse_test_script(UPSTREAM_RUN_TESTS)
-    assert command is not None
-    assert command.lines == ('{python} -m pytest "tests/clients/test_cache.py" -v',)
-    assert command.env == {"DSPY_CACHEDIR": "/tmp/cache"}
-    assert command.script("/opt/py 3/bin/python").splitlines() == [
-        "set -e", "'/opt/py 3/bin/python' -m pytest \"tests/clients/test_cache.py\" -v"]
+    assert command is not None and command.script == UPSTREAM_RUN_TESTS and command.style == "args"
+    assert command.args(Path("/r"), Path("/p/tests.patch"), None) == ["/r", "/p/tests.patch"]
     assert parse_test_script("go test ./...\n") is None
+    docker = parse_test_script('cd /workspace/repo\ngit apply "/patches/$1"\ntimeout 300 python -m pytest x.py '
+                               '| tee /tmp/out.log\ngrep -q passed /var/tmp/keep\n', "runner.sh")
+    assert docker.style == "docker" and docker.name == "runner.sh"
+    assert docker.prepared(Path("/w/tmp/repo"), Path("/w/p"), Path("/w/t")).splitlines() == [
+        "cd /w/tmp/repo", 'git apply "/w/p/$1"', "timeout 300 python -m pytest x.py | tee /w/t/out.log",
+        "grep -q passed /var/tmp/keep"]
+    assert docker.args(Path("/r"), Path("/p/tests.patch"), Path("/p/feature.patch")) == ["tests.patch",
+                                                                                          "feature.patch"]
 
 
 def test_real_layout_with_a_repos_folder(tmp_path):

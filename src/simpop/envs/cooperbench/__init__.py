@@ -13,8 +13,14 @@ Modules (env, scenario, simulators, then data; each documented in its docstring)
   and the text format LLM teammates play through.
 - :mod:`~simpop.envs.cooperbench.dataset`: the dataset layout and its loader (tasks, feature pairs, subsets).
 - :mod:`~simpop.envs.cooperbench.actions`: the JSON action language.
-- :mod:`~simpop.envs.cooperbench.patches`: patch parsing, test-file stripping, path safety.
-- :mod:`~simpop.envs.cooperbench.evaluator`: upstream's merge-and-test evaluation and its conflict rule.
+- :mod:`~simpop.envs.cooperbench.patches`: patch parsing, stripping of test files and test
+  infrastructure (``conftest.py``, pytest config, ``sitecustomize``, ``.pth``, plugins), path safety
+  (including name and depth limits, so an over-long path is a rejected action, never a crash).
+- :mod:`~simpop.envs.cooperbench.evaluator`: upstream's merge-and-test evaluation and its conflict
+  rule; it runs each task's own ``run_tests.sh``/``runner.sh`` in the sandbox.
+- :mod:`~simpop.envs.cooperbench.pytest_guard`: a pytest plugin loaded into every test run that
+  records what really happened (sessions, per-test outcomes, tampering); a feature passes only if
+  the script exits 0 *and* the guard saw finished sessions with passing tests and no tampering.
 - :mod:`~simpop.envs.cooperbench.sandbox`: containment of every process (time, output, memory,
   processes, network, filesystem).
 - :mod:`~simpop.envs.cooperbench.validate`: ``python -m simpop.envs.cooperbench.validate`` checks a

@@ -16,12 +16,14 @@ Layout (upstream's ``dataset/`` folder)::
 Repository checkouts at their base commits are looked up, in order, at ``<task>/repo/``,
 ``<repos>/<repo>_task/task<id>/`` and ``<repos>/<REPO_NAME>/`` (where ``setup.sh`` clones it).
 
-Tests: the evaluator runs the ``pytest`` command lines of ``run_tests.sh`` (``runner.sh`` if there
-is none), after expanding the script's simple variable assignments, with the current Python
-interpreter; ``export NAME=value`` lines become the tests' environment. The scripts' own set-up
-(virtualenv creation, ``pip install``) is skipped: it needs the network, which the sandbox
-denies, so the checkout's dependencies must already be importable. Lines that still hold an
-unresolved variable (loops over optional files) are skipped.
+Tests: the evaluator runs the task's own ``run_tests.sh`` (``runner.sh`` if there is none) with
+bash inside the sandbox, as upstream does in its containers: ``if``/``else`` branches, line
+continuations, ``timeout``, test files computed at run time all work. A script that uses
+upstream's Docker paths (``/workspace/repo``, ``/patches/``) gets this run's folders in their
+place (see :class:`~simpop.envs.cooperbench.scenario.TestCommand`). The sandbox has no network,
+so ``pip``/``uv`` installs are skipped (shims that say so) and the checkout's dependencies must
+already be importable by the evaluator's interpreter, which is ``python`` on the script's
+``PATH``. Tasks whose script never mentions pytest are not runnable.
 """
 
 from __future__ import annotations
@@ -41,8 +43,7 @@ MINI_DIR = Path(__file__).resolve().parent / "mini"
 _TASK_DIR_RE = re.compile(r"^task(\d+)$")
 _FEATURE_DIR_RE = re.compile(r"^feature(\d+)$")
 _ASSIGN_RE = re.compile(r"^\s*(export\s+)?([A-Za-z_][A-Za-z0-9_]*)=(.*)$")
-_PYTEST_RE = re.compile(r"^\s*(?:\S*/)?(?:python3?(?:\.\d+)?\s+-m\s+pytest|pytest|uv\s+run\s+(?:python\s+-m\s+)?pytest)"
-                        r"(\s.*)?$")
+_PYTEST_RE = re.compile(r"\bpytest\b")
 _VAR_RE = re.compile(r"\$(?:\{([A-Za-z_][A-Za-z0-9_]*)\}|([A-Za-z_][A-Za-z0-9_]*))")
 
 
@@ -112,10 +113,11 @@ def _load_task(repo: str, task_dir: Path, repos_dir: Path | None) -> Task:
                                 _read(feature_dir / "feature.patch") or "",
                                 _read(feature_dir / "tests.patch") or "")
     setup = _shell_assignments(_read(task_dir / "setup.sh") or "")
-    script = _read(task_dir / "run_tests.sh") or _read(task_dir / "runner.sh")
+    script_name = "run_tests.sh" if (task_dir / "run_tests.sh").is_file() else "runner.sh"
+    script = _read(task_dir / script_name)
     return Task(repo=repo, task_id=task_id, path=task_dir, features=dict(sorted(features.items())),
                 combined_patch=_read(task_dir / "combined.patch"),
-                tests=parse_test_script(script) if script else None,
+                tests=parse_test_script(script, script_name) if script else None,
                 checkout=_find_checkout(repo, task_id, task_dir, repos_dir, setup.get("REPO_NAME")),
                 base_commit=setup.get("BASE_COMMIT"))
 
@@ -130,26 +132,16 @@ def _find_checkout(repo: str, task_id: int, task_dir: Path, repos_dir: Path | No
     return next((c for c in candidates if c.is_dir()), None)
 
 
-def parse_test_script(script: str) -> TestCommand | None:
-    """The pytest command lines and exported environment of a ``run_tests.sh`` (None if none)."""
-    variables = _shell_assignments(script)
-    env: dict[str, str] = {}
-    lines = []
-    for raw in script.splitlines():
-        line = raw.split(" #")[0].strip()
-        assign = _ASSIGN_RE.match(line)
-        if assign and assign.group(1):
-            value = _expand(_unquote(assign.group(3)), variables)
-            if value is not None:
-                env[assign.group(2)] = value
-            continue
-        match = _PYTEST_RE.match(line)
-        if not match:
-            continue
-        args = _expand(match.group(1) or "", variables)
-        if args is not None:
-            lines.append("{python} -m pytest" + args.rstrip())
-    return TestCommand(tuple(lines), env) if lines else None
+def parse_test_script(script: str, name: str = "run_tests.sh") -> TestCommand | None:
+    """A task's test script as a :class:`TestCommand` (None if it never runs pytest).
+
+    Scripts that use upstream's Docker paths (``/workspace/repo`` or ``/patches/``) take the
+    ``docker`` calling convention, others the ``args`` one (see :class:`TestCommand`).
+    """
+    if not _PYTEST_RE.search(script):
+        return None
+    style = "docker" if re.search(r"/workspace/repo|/patches/", script) else "args"
+    return TestCommand(script, name, style)
 
 
 def _shell_assignments(script: str) -> dict[str, str]:

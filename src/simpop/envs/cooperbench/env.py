@@ -13,7 +13,8 @@ truncation, from its copy as it is: upstream grades whatever an agent leaves beh
 
 Actions are JSON in text (see :mod:`simpop.envs.cooperbench.actions`): ``message``, ``view``,
 ``write``, ``delete``, ``test`` (run the seat's own feature's hidden tests on its copy) and
-``submit``. Malformed actions, unsafe paths (absolute, ``..``, ``.git``), overlong messages and
+``submit``. Malformed actions, unsafe paths (absolute, ``..``, ``.git``, a name over 255 bytes, a
+path over 1024 bytes or 32 levels deep), overlong messages and
 writes onto directories are rejected through the base class (error observation +
 ``info[seat]["invalid_action"]``). Viewing a missing file is a valid action with a "no such file"
 result.

@@ -2,18 +2,26 @@
 
 Semantics follow upstream CooperBench (``cooperbench.eval.sandbox.test_merged``):
 
-1. Test files are stripped from each agent's patch (upstream's path rule, see
-   :func:`simpop.envs.cooperbench.patches.strip_test_files`); a patch that could write outside
-   the repository is *rejected* (see :func:`~simpop.envs.cooperbench.patches.unsafe_paths`).
+1. Test files are stripped from each agent's patch (upstream's path rule), and so is test
+   infrastructure (``conftest.py``, pytest/tox config, ``sitecustomize``, ``.pth``, plugin metadata,
+   modules shadowing pytest; ``pyproject.toml``/``setup.cfg`` only when their pytest section
+   changes), see :func:`simpop.envs.cooperbench.patches.strip_test_files`; a patch that could write
+   outside the repository or names paths the filesystem cannot hold is *rejected* (see
+   :func:`~simpop.envs.cooperbench.patches.unsafe_paths`).
 2. Each patch is applied on its own branch from the base commit (``git apply``, falling back to
    ``git apply --3way``); apply status per agent: ``applied``, ``skipped`` (empty), ``failed`` or
    ``rejected``. A patch that fails leaves its branch at the base.
 3. The branches are merged (``agent1`` into ``agent2``, ``git merge --no-ff``). Merge status:
    ``clean``, ``conflicts``, ``missing_input`` (a patch failed or was rejected) or ``identical``
    (both patches are the same: nothing to merge).
-4. For each feature, a fresh clone at the base gets the merged patch and that feature's
-   ``tests.patch``, and the feature's tests run (see :mod:`~simpop.envs.cooperbench.sandbox`). A
-   feature passes if the run exits 0 with at least one test passed. Success = both pass.
+4. For each feature, the task's own test script (``run_tests.sh``/``runner.sh``, see
+   :mod:`~simpop.envs.cooperbench.dataset`) runs in the sandbox (see
+   :mod:`~simpop.envs.cooperbench.sandbox`) on a fresh clone at the base, given the merged patch and
+   that feature's ``tests.patch``; it applies them itself, as upstream. Every pytest process it
+   starts loads :mod:`~simpop.envs.cooperbench.pytest_guard`. A feature passes if the script exits
+   0 and the guard recorded at least one passing test, no failed or erroring test, every session
+   finished with status 0, and no tampering; the counts come from the guard, not from the output
+   (which the tested code can forge). Success = both pass.
 
 **Conflict rule** (``conflict_rule``), for merges that are not clean:
 
@@ -31,7 +39,9 @@ from __future__ import annotations
 
 import atexit
 import itertools
+import json
 import os
+import posixpath
 import re
 import shutil
 import sys
@@ -44,10 +54,20 @@ from pathlib import Path
 from typing import Any
 
 from simpop.envs.cooperbench import sandbox
-from simpop.envs.cooperbench.patches import path_problem, strip_test_files, touched_paths, unsafe_paths
+from simpop.envs.cooperbench.patches import (PYTEST_CONFIG_FILES, path_problem, pytest_config, strip_test_files,
+                                             touched_paths, unsafe_paths)
 from simpop.envs.cooperbench.scenario import Task
 
 CONFLICT_RULES = ("lead", "union")
+#: The module name of :mod:`simpop.envs.cooperbench.pytest_guard` inside a test run.
+GUARD_MODULE = "simpop_pytest_guard"
+_SHIMS = {
+    "pip": 'case "$1" in install|uninstall|download|wheel) echo "simpop sandbox: offline, skipped: pip $*" >&2; exit 0;; '
+           'esac\nexec python -m pip "$@"\n',
+    "uv": 'case "$1" in\n  pip|sync|venv|lock|add|remove|tool|python|cache) echo "simpop sandbox: offline, skipped: uv $*" >&2; '
+          'exit 0;;\n  run) shift; while [ "${1#-}" != "$1" ]; do [ "$1" = "--" ] && { shift; break; }; shift; done; '
+          'exec "$@";;\n  *) echo "simpop sandbox: uv $1 is not available" >&2; exit 1;;\nesac\n',
+}
 #: Limits for git itself (it only ever sees validated patches).
 GIT_LIMITS = sandbox.Limits(timeout_s=120.0, max_output_bytes=4 * 2**20)
 _SUMMARY_RE = re.compile(r"^=*\s*(\d+ [a-z]+(?:, \d+ [a-z]+)*) in [\d.]+s\b.*$")
@@ -190,7 +210,7 @@ class Evaluator:
     def test_feature(self, task: Task, feature_id: int, patch: str) -> FeatureResult:
         """Apply one patch (test files stripped) and run one feature's tests on it."""
         with _Workspace(task) as ws:
-            clean = strip_test_files(_with_newline(patch))
+            clean = self._strip(ws, patch)
             problems = unsafe_paths(clean, ws.source)
             if problems:
                 return FeatureResult(feature_id, error="patch rejected: " + "; ".join(problems))
@@ -234,8 +254,27 @@ class Evaluator:
         return shown.output if shown.ok else None
 
     # ----------------------------------------------------------------- stages
+    def _strip(self, ws: _Workspace, patch: str) -> str:
+        """Test files and test infrastructure out of ``patch``, including ``pyproject.toml``/``setup.cfg``
+        changes whose pytest section differs from the base's (found by applying the patch to a clone)."""
+        clean = strip_test_files(_with_newline(patch))
+        configs = [p for p in touched_paths(clean) if posixpath.basename(p) in PYTEST_CONFIG_FILES]
+        if not configs or unsafe_paths(clean, ws.source):
+            return clean
+        repo = ws.clone("config")
+        if not ws.apply(repo, clean, first_try=()):
+            return clean  # it will fail to apply when graded, too
+        changed = set()
+        for path in configs:
+            shown = ws.git(repo, "cat-file", "blob", f"{ws.base_sha}:{path}")
+            target = repo / path
+            new = target.read_text(encoding="utf-8", errors="replace") if target.is_file() else None
+            if pytest_config(path, shown.output if shown.ok else None) != pytest_config(path, new):
+                changed.add(path)
+        return strip_test_files(clean, also=changed) if changed else clean
+
     def _merge(self, ws: _Workspace, patch1: str, patch2: str) -> MergeResult:
-        patches = {"agent1": strip_test_files(_with_newline(patch1)), "agent2": strip_test_files(_with_newline(patch2))}
+        patches = {"agent1": self._strip(ws, patch1), "agent2": self._strip(ws, patch2)}
         rejected = {seat: problems for seat, p in patches.items() if (problems := unsafe_paths(p, ws.source))}
         if patches["agent1"] and patches["agent1"] == patches["agent2"] and not rejected:
             return MergeResult({"agent1": "applied", "agent2": "applied"}, {}, "identical", "skip-merge-identical",
@@ -280,7 +319,7 @@ class Evaluator:
         why = {"conflicts": "the patches conflict", "missing_input": "a patch did not apply or was rejected"}.get(
             merge.status, f"no merged tree ({merge.status})")
         if self.conflict_rule == "lead" and merge.apply_status.get("agent1") == "applied":
-            solo = strip_test_files(_with_newline(patch1))
+            solo = self._strip(ws, patch1)
             r1 = self._run_feature(ws, task, feature1, solo)
             r2 = self._run_feature(ws, task, feature2, solo) if r1.passed else FeatureResult(feature2)
             if r1.passed and r2.passed:
@@ -295,28 +334,79 @@ class Evaluator:
             raise KeyError(f"{task.key} has no feature {feature_id}; features: {sorted(task.features)}")
         assert task.tests is not None
         repo = ws.clone(f"f{feature_id}")
-        if patch.strip() and not ws.apply(repo, patch, first_try=("--ignore-whitespace",)):
-            return FeatureResult(feature_id, error="the patch does not apply to the base")
-        tests = _with_newline(task.features[feature_id].tests_patch)
-        if not ws.apply(repo, tests, first_try=("--ignore-whitespace",)):
-            return FeatureResult(feature_id, error="tests.patch does not apply on top of the patch")
-        home = ws.root / f"home-{repo.name}"
+        tag = repo.name
+        patches = ws.root / f"patches-{tag}"
+        patches.mkdir()
+        tests_patch = patches / "tests.patch"
+        tests_patch.write_text(_with_newline(task.features[feature_id].tests_patch), encoding="utf-8",
+                               errors="surrogateescape")
+        feature_patch = None
+        if patch.strip():
+            feature_patch = patches / "feature.patch"
+            feature_patch.write_text(patch, encoding="utf-8", errors="surrogateescape")
+        home = ws.root / f"home-{tag}"
         (home / "tmp").mkdir(parents=True)
-        env = {"PATH": f"{Path(self.python).parent}:/usr/local/bin:/usr/bin:/bin", "HOME": str(home),
-               "TMPDIR": str(home / "tmp"), "LANG": "C.UTF-8", "PYTHONDONTWRITEBYTECODE": "1",
-               "PYTHONHASHSEED": "0", "PYTEST_ADDOPTS": "-p no:cacheprovider", **task.tests.env}
+        record = home / ".simpop-pytest-guard.jsonl"
+        script = ws.root / f"{tag}-{task.tests.name}"
+        script.write_text(task.tests.prepared(repo, patches, home / "tmp"), encoding="utf-8")
+        paths = [str(ws.tools(self.python))]
         if not (self.limits.network or sandbox.capabilities().namespaces):
-            env["PYTHONPATH"] = str(ws.socket_guard())
-        result = sandbox.run(["bash", "-c", task.tests.script(self.python)], repo, self.limits, env,
-                             writable=[repo, home])
-        passed, failed = parse_test_counts(result.output)
+            paths.append(str(ws.socket_guard()))
+        env = {**_git_env(home), "PATH": f"{ws.tools(self.python)}:{Path(self.python).parent}:/usr/local/bin:/usr/bin:/bin",
+               "TMPDIR": str(home / "tmp"), "LANG": "C.UTF-8", "PYTHONDONTWRITEBYTECODE": "1",
+               "PYTHONHASHSEED": "0", "PYTEST_ADDOPTS": "-p no:cacheprovider", "PYTEST_PLUGINS": GUARD_MODULE,
+               "SIMPOP_PYTEST_GUARD": str(record), "PYTHONPATH": ":".join(paths)}
+        argv = ["bash", str(script), *task.tests.args(repo, tests_patch, feature_patch)]
+        result = sandbox.run(argv, repo, self.limits, env, writable=[repo, home])
+        passed, failed, problems = guard_verdict(record.read_text(errors="replace") if record.is_file() else "")
         error = None
         if result.exit_code is None and not (result.timed_out or result.output_limited):
-            error = result.output.strip()[-500:] or "the test command did not start"
-        return FeatureResult(feature_id, passed=result.exit_code == 0 and passed > 0, exit_code=result.exit_code,
-                             tests_passed=passed, tests_failed=failed, timed_out=result.timed_out,
-                             output_limited=result.output_limited, error=error,
+            error = result.output.strip()[-500:] or "the test script did not start"
+        elif result.exit_code not in (0, None) and not problems:
+            error = f"{task.tests.name} exited with code {result.exit_code}"
+        if problems and error is None and not (result.timed_out or result.output_limited):
+            error = "; ".join(dict.fromkeys(problems))[:1000]
+        return FeatureResult(feature_id, passed=result.exit_code == 0 and passed > 0 and failed == 0 and not problems,
+                             exit_code=result.exit_code, tests_passed=passed, tests_failed=failed,
+                             timed_out=result.timed_out, output_limited=result.output_limited, error=error,
                              output_tail=result.tail(self.tail_chars))
+
+
+def guard_verdict(record: str) -> tuple[int, int, list[str]]:
+    """(passed, failed + errors, problems) from the pytest guard's record of one script run.
+
+    Problems: no pytest session ran, a session did not finish or exited non-zero, or the guard
+    saw tampering (see :mod:`simpop.envs.cooperbench.pytest_guard`).
+    """
+    passed = failed = 0
+    problems: list[str] = []
+    open_sessions: dict[Any, int] = {}
+    sessions = 0
+    for line in record.splitlines():
+        try:
+            event = json.loads(line)
+            kind, pid = event["event"], event["pid"]
+        except (ValueError, TypeError, KeyError):
+            problems.append("the pytest guard's record was tampered with")
+            continue
+        if kind == "start":
+            sessions += 1
+            open_sessions[pid] = open_sessions.get(pid, 0) + 1
+        elif kind == "finish":
+            open_sessions[pid] = open_sessions.get(pid, 0) - 1
+            if event.get("exitstatus") != 0:
+                problems.append(f"pytest exited with status {event.get('exitstatus')}")
+        elif kind == "test":
+            outcome = event.get("outcome")
+            passed += outcome == "passed"
+            failed += outcome in ("failed", "error", "not run")
+        elif kind == "tamper":
+            problems.append(f"tampering: {event.get('what')}")
+    if sessions == 0:
+        problems.append("no pytest session ran")
+    if any(count != 0 for count in open_sessions.values()):
+        problems.append("a pytest session did not finish (the process exited early)")
+    return passed, failed, problems
 
 
 # --------------------------------------------------------------------- workspace and base repos
@@ -367,6 +457,23 @@ class _Workspace:
     def _scratch(self, suffix: str) -> Path:
         return self.root / "patches" / f"{next(self._counter)}.{suffix}"
 
+    def tools(self, python: str) -> Path:
+        """The folder put first on a test script's ``PATH``: ``python``/``python3`` (the evaluator's
+        interpreter), offline ``pip``/``pip3``/``uv`` shims, and the pytest guard module."""
+        tools = self.root / "tools"
+        with _TOOLS_LOCK:
+            if not tools.exists():
+                staging = self.root / f"tools-{next(self._counter)}"
+                staging.mkdir()
+                for name in ("python", "python3"):
+                    (staging / name).symlink_to(python)
+                for name, body in (("pip", _SHIMS["pip"]), ("pip3", _SHIMS["pip"]), ("uv", _SHIMS["uv"])):
+                    (staging / name).write_text("#!/bin/bash\n" + body)
+                    (staging / name).chmod(0o755)
+                shutil.copyfile(Path(__file__).with_name("pytest_guard.py"), staging / f"{GUARD_MODULE}.py")
+                staging.rename(tools)
+        return tools
+
     def socket_guard(self) -> Path:
         guard = self.root / "netguard"
         if not guard.exists():
@@ -376,6 +483,7 @@ class _Workspace:
 
 _BASES: dict[str, tuple[Path, str]] = {}
 _BASES_LOCK = threading.Lock()
+_TOOLS_LOCK = threading.Lock()
 _BASE_ROOT: Path | None = None
 
 

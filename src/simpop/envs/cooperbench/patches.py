@@ -3,13 +3,26 @@
 Patches come from models, so before git sees one, :func:`unsafe_paths` rejects any that could
 write outside the repository: absolute paths, ``..`` components, paths into ``.git``, symlinks
 the patch creates that point outside the repository, and paths that pass through an existing
-symlink leading outside it. (``git apply`` has its own guards; this is the first line.)
+symlink leading outside it, and names the filesystem cannot hold (a component over
+:data:`MAX_NAME_BYTES`, a path over :data:`MAX_PATH_BYTES` or :data:`MAX_DEPTH` components).
+(``git apply`` has its own guards; this is the first line.)
+
+:func:`strip_test_files` drops *test files* (upstream's rule) and *test infrastructure*
+(:func:`is_test_infrastructure`: what changes how pytest runs or what Python imports before the
+tests: ``conftest.py`` at any depth, pytest/tox config files, ``sitecustomize``/``usercustomize``,
+``.pth`` files, package metadata that registers plugins, top-level modules that shadow pytest or
+the standard library). ``pyproject.toml``/``setup.cfg`` are stripped only when their pytest
+section changes, which needs the files' text: see :func:`pytest_config`.
 """
 
 from __future__ import annotations
 
+import configparser
+import json
 import posixpath
 import re
+import sys
+import tomllib
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -25,6 +38,19 @@ _TEST_FILE_RE = re.compile(
     r"|tests?\.py"
     r")$"
 )
+#: Files that configure pytest or run code before the tests, at any depth (test infrastructure).
+_INFRA_NAMES = frozenset({"conftest.py", "pytest.ini", ".pytest.ini", "pytest.toml", ".pytest.toml", "tox.ini",
+                          "sitecustomize.py", "usercustomize.py", "noxfile.py"})
+#: Top-level module names a repository file may not take (``python -m pytest`` puts the working
+#: directory first on ``sys.path``, so ``pytest.py`` there would replace pytest itself).
+_PYTEST_NAMES = frozenset({"pytest", "_pytest", "pluggy", "py", "iniconfig", "packaging", "simpop_pytest_guard",
+                           "xdist"})
+_SHADOWED = frozenset(sys.stdlib_module_names) | _PYTEST_NAMES
+#: Files whose pytest section is test infrastructure while the rest of the file is not.
+PYTEST_CONFIG_FILES = ("pyproject.toml", "setup.cfg")
+MAX_NAME_BYTES = 255
+MAX_PATH_BYTES = 1024
+MAX_DEPTH = 32
 _SYMLINK_MODE = "120000"
 _HUNK_RE = re.compile(r"^@@ -\d+(?:,(\d+))? \+\d+(?:,(\d+))? @@")
 _C_ESCAPES = {"a": "\a", "b": "\b", "f": "\f", "n": "\n", "r": "\r", "t": "\t", "v": "\v", '"': '"', "\\": "\\"}
@@ -46,6 +72,51 @@ class FileChange:
 def is_test_path(path: str) -> bool:
     """Whether ``path`` names a test file, by upstream's rule (any language)."""
     return bool(_TEST_DIR_RE.search("/" + path) or _TEST_FILE_RE.search(path))
+
+
+def is_test_infrastructure(path: str) -> bool:
+    """Whether ``path`` is test infrastructure: it can change how pytest runs or reports.
+
+    ``conftest.py``, pytest/tox/nox config files, ``sitecustomize.py``/``usercustomize.py`` at any
+    depth; ``.pth`` files; anything inside ``*.dist-info``/``*.egg-info`` (entry points register
+    pytest plugins); ``pytest_*`` plugin modules; and top-level (or ``src/``-level) modules or
+    packages named like pytest or its dependencies, and top-level modules or regular packages
+    (``name/__init__.py``) named like a standard-library module.
+    """
+    parts = [p for p in path.replace("\\", "/").split("/") if p not in ("", ".")]
+    if not parts:
+        return False
+    name = parts[-1]
+    if name in _INFRA_NAMES or name.endswith(".pth") or name.startswith("pytest_") and name.endswith(".py"):
+        return True
+    if any(p.endswith((".dist-info", ".egg-info", ".egg-link")) for p in parts):
+        return True
+    top = parts[1:] if parts[0] in ("src", "lib") and len(parts) > 1 else parts
+    if len(top) > 1:  # a package: any file under a pytest-like name; a stdlib name only as a regular package
+        return top[0] in _PYTEST_NAMES or (top[0] in _SHADOWED and top[1] in ("__init__.py", "__init__.pyi"))
+    module = re.sub(r"\.(py|pyc|pyi|so|pyd)$|\.[^.]*\.(so|pyd)$", "", top[0])
+    return module != top[0] and module in _SHADOWED
+
+
+def pytest_config(path: str, text: str | None) -> str | None:
+    """The pytest section of a ``pyproject.toml``/``setup.cfg``/``tox.ini`` as comparable text.
+
+    None if the file (or the section) is absent. A file that does not parse returns its whole
+    text, so any change to it counts as a change of its pytest section.
+    """
+    if text is None:
+        return None
+    name = posixpath.basename(path)
+    try:
+        if name == "pyproject.toml":
+            section = tomllib.loads(text).get("tool", {}).get("pytest")
+            return None if section is None else json.dumps(section, sort_keys=True, default=str)
+        parser = configparser.RawConfigParser(strict=False, interpolation=None)
+        parser.read_string(text)
+        found = {s: dict(parser.items(s)) for s in ("tool:pytest", "pytest") if parser.has_section(s)}
+        return json.dumps(found, sort_keys=True) if found else None
+    except (tomllib.TOMLDecodeError, configparser.Error, ValueError, AttributeError):
+        return "unparseable:" + text
 
 
 def split_sections(patch: str) -> list[list[str]]:
@@ -123,12 +194,18 @@ def touched_paths(patch: str) -> list[str]:
     return list(dict.fromkeys(p for change in file_changes(patch) for p in change.paths))
 
 
-def strip_test_files(patch: str) -> str:
-    """Drop the sections of ``patch`` that touch test files (upstream's filter); keep a final newline."""
+def strip_test_files(patch: str, also: frozenset[str] | set[str] = frozenset()) -> str:
+    """Drop the sections of ``patch`` that touch test files or test infrastructure; keep a final newline.
+
+    Args:
+        patch: The unified diff.
+        also: Further paths whose sections are dropped (e.g. a ``pyproject.toml`` whose pytest
+            section the patch changes; see :func:`pytest_config`).
+    """
     kept = []
     for section in split_sections(patch):
         paths = [p for change in file_changes("\n".join(section)) for p in change.paths]
-        if not any(is_test_path(p) for p in paths):
+        if not any(is_test_path(p) or is_test_infrastructure(p) or p in also for p in paths):
             kept.append("\n".join(section))
     text = "\n".join(kept)
     return text + "\n" if text else ""
@@ -171,6 +248,17 @@ def path_problem(path: str) -> str | None:
         return "contains '..'"
     if any(part.lower() == ".git" for part in parts):
         return "inside .git"
+    try:
+        encoded = [part.encode("utf-8") for part in parts]
+    except UnicodeEncodeError:
+        return "not valid Unicode (unpaired surrogates)"
+    longest = max(len(part) for part in encoded)
+    if longest > MAX_NAME_BYTES:
+        return f"a file or folder name is {longest} bytes long (the limit is {MAX_NAME_BYTES})"
+    if len(path.encode("utf-8", "replace")) > MAX_PATH_BYTES:
+        return f"longer than {MAX_PATH_BYTES} bytes"
+    if len(parts) > MAX_DEPTH:
+        return f"{len(parts)} levels deep (the limit is {MAX_DEPTH})"
     return None
 
 

@@ -23,8 +23,9 @@ model-written code) goes through :func:`run`:
 - **filesystem** (untrusted commands, namespaces permitted): a private mount namespace in which
   every mount is remounted read-only except the directories the command is given; then every
   capability is dropped (``setpriv --bounding-set=-all --no-new-privs``), so even a root process
-  cannot remount, and writes anywhere else fail with "Read-only file system". Reads are not
-  restricted. Without namespaces there is no filesystem guard.
+  cannot remount, and writes anywhere else fail with "Read-only file system". The working
+  directory is re-entered after the mounts, so relative paths reach the writable bind mount.
+  Reads are not restricted. Without namespaces there is no filesystem guard.
 
 Namespaces need root (or unprivileged user namespaces, which are not used here).
 :func:`capabilities` probes once which mechanisms this machine allows.
@@ -83,6 +84,11 @@ if cfg["guard"]:
                 mount(None, point, MS_REMOUNT | MS_BIND | MS_RDONLY)
             except OSError:
                 pass  # already read-only, or not remountable (pseudo filesystems)
+    # The working directory was entered before the bind mounts above: re-enter it by path, or it
+    # stays on the read-only mount underneath and relative writes fail.
+    cwd = os.getcwd()
+    os.chdir("/")
+    os.chdir(cwd)
     argv = [cfg["setpriv"], "--bounding-set=-all", "--inh-caps=-all", "--no-new-privs", "--", *argv]
 os.get_exec_path()  # imports what execvp needs while the interpreter's own files are still at hand
 os.execvp(argv[0], argv)

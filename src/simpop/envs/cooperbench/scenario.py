@@ -1,13 +1,13 @@
 """CooperBench scenarios: a :class:`FeaturePair` is two features of one :class:`Task`, one per seat.
 
 It is made of a :class:`Task` (a repository at a base commit), two of the task's features
-(:class:`Feature`: request, gold patch, hidden tests) and the task's :class:`TestCommand` (how its tests run).
+(:class:`Feature`: request, gold patch, hidden tests) and the task's :class:`TestCommand` (its own test script).
 :mod:`~simpop.envs.cooperbench.dataset` reads them from a dataset folder and lists its pairs and subsets.
 """
 
 from __future__ import annotations
 
-import shlex
+import re
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -24,16 +24,39 @@ class Feature:
     tests_patch: str
 
 
+_DOCKER_PATHS_RE = re.compile(r"(?<![\w./-])(/workspace/repo|/patches/|/tmp/)")
+
+
 @dataclass(frozen=True)
 class TestCommand:
-    """How a task's tests run: pytest command lines (``{python}`` stands for the interpreter)."""
+    """A task's own test script (``run_tests.sh`` or ``runner.sh``), run as it is in the sandbox.
 
-    lines: tuple[str, ...]
-    env: dict[str, str] = field(default_factory=dict)
+    Attributes:
+        script: The script's text.
+        name: Its file name.
+        style: ``"args"``: ``<script> <repo_path> <tests.patch> [feature.patch]`` (the mini set,
+            upstream's ``run_tests.sh``); ``"docker"``: ``<script> <tests.patch> [feature.patch]``
+            with the repository at ``/workspace/repo`` and the patches in ``/patches/`` (upstream's
+            ``runner.sh`` for its Docker images).
+    """
 
-    def script(self, python: str) -> str:
-        """A bash script running every line, stopping at the first failure (like upstream's ``set -e``)."""
-        return "set -e\n" + "\n".join(line.replace("{python}", shlex.quote(python)) for line in self.lines) + "\n"
+    script: str
+    name: str = "run_tests.sh"
+    style: str = "args"
+
+    def prepared(self, repo: Path, patches: Path, tmp: Path) -> str:
+        """The script as it runs here: for ``docker`` scripts, the image's fixed paths
+        (``/workspace/repo``, ``/patches/``, ``/tmp/``) are replaced by this run's folders."""
+        if self.style != "docker":
+            return self.script
+        where = {"/workspace/repo": str(repo), "/patches/": f"{patches}/", "/tmp/": f"{tmp}/"}
+        return _DOCKER_PATHS_RE.sub(lambda m: where[m.group(1)], self.script)
+
+    def args(self, repo: Path, tests_patch: Path, feature_patch: Path | None) -> list[str]:
+        """The script's arguments (patch files as the style expects them)."""
+        if self.style == "docker":
+            return [tests_patch.name] + ([feature_patch.name] if feature_patch else [])
+        return [str(repo), str(tests_patch)] + ([str(feature_patch)] if feature_patch else [])
 
 
 @dataclass(frozen=True)
@@ -46,7 +69,7 @@ class Task:
         path: The task folder.
         features: Feature id -> feature.
         combined_patch: All features at once (None if the dataset has none).
-        tests: The test command, or None if the task's tests are not pytest-based.
+        tests: The task's test script, or None if it has none that runs pytest.
         checkout: The repository at its base (a git checkout, or plain files), or None if absent.
         base_commit: The commit to evaluate against (``setup.sh``'s BASE_COMMIT; None: HEAD, or a
             fresh commit of plain files).
@@ -72,8 +95,8 @@ class Task:
                 f"no repository checkout for {self.key}: run {self.path / 'setup.sh'} inside your repos "
                 f"directory (or put the checkout at <repos>/{self.repo}_task/task{self.task_id}) and pass repos=...")
         if self.tests is None:
-            raise ValueError(f"{self.key}: no pytest command found in run_tests.sh/runner.sh; only "
-                             "pytest-based tasks can be evaluated")
+            raise ValueError(f"{self.key}: no run_tests.sh/runner.sh that runs pytest; only pytest-based tasks "
+                             "can be evaluated")
 
 
 @dataclass(frozen=True)
