@@ -3,7 +3,8 @@
 Entry points are strings (``"package.module:Name"``) so that registering an env imports nothing
 heavy; the module is imported on first ``make``. Every id is also registered with Gymnasium, where
 ``gymnasium.make(id, simulator=...)`` returns the single-agent view of the policy seat
-(:class:`simpop.envs.wrappers.UserSeat`).
+(:class:`simpop.envs.wrappers.UserSeat`; ``simulator`` may also be a factory, and one simulator object
+shared by views whose episodes interleave is refused: see :mod:`simpop.envs.wrappers`).
 """
 
 from __future__ import annotations

@@ -3,10 +3,27 @@
 ``UserSeat(env, simulator)`` is a ``gymnasium.Env`` for the policy seat: every time the user seat is
 to act, the simulator answers, so any single-agent trainer (simpop's, Stable-Baselines3, TRL) can
 train against a population without knowing it is there.
+
+**One owner per simulator state.** A simulator keeps its dialogue state in slots and ``UserSeat`` plays slot
+0, so several views holding one simulator object (``gymnasium.make_vec(id, num_envs=2,
+vectorization_mode="sync", simulator=users)``, or Stable-Baselines3's ``make_vec_env`` with
+``env_kwargs={"simulator": users}``) would share that slot: one view's reset overwrites the state of the
+dialogue another is in the middle of, and its trajectories go silently wrong. Copying the simulator per view
+is not right in general (an LLM simulator holds its model, a trainable one the parameters a co-trainer
+updates, a population the failure rates its sampling rule reads), and the simulator contract has no reset of
+one slot. So ``simulator=`` may be a *factory* (a class or a zero-argument callable) that each view calls
+and owns what it returns: ``gymnasium.make_vec(id, num_envs=2, simulator=lambda: build_simulator(spec,
+env=env))`` (``vectorization_mode="async"`` pickles the simulator into each worker, a copy each as well).
+One simulator object used by several views is fine while their episodes do not interleave; a view about to
+act in a dialogue whose simulator another view has reset since raises :class:`SharedSimulatorError` (naming
+the simulator and the fix) instead of returning a wrong step.
 """
+
 
 from __future__ import annotations
 
+import itertools
+import weakref
 from typing import Any
 
 import gymnasium
@@ -14,6 +31,14 @@ import gymnasium
 from simpop.envs.dialogue import DialogueEnv
 from simpop.envs.registration import load, make, spec
 from simpop.seat import Simulator
+
+#: ``id(simulator)`` -> the claim of the view that reset it last (entries go when the simulator does).
+_CLAIMS: dict[int, int] = {}
+_NEXT_CLAIM = itertools.count(1)
+
+
+class SharedSimulatorError(RuntimeError):
+    """A simulator object is shared by several single-agent views whose episodes interleave."""
 
 
 class UserSeat(gymnasium.Env):
@@ -33,9 +58,11 @@ class UserSeat(gymnasium.Env):
         self.metadata = dict(env.metadata)
         self.render_mode = env.render_mode
         self._return = 0.0
+        self._claim: int | None = None
 
     def reset(self, *, seed: int | None = None, options: dict[str, Any] | None = None):
         super().reset(seed=seed)
+        self._claim = _claim(self.simulator)  # before the reset: a failed reset has touched the state too
         observations, infos = self.env.reset(seed=seed, options=options)
         self._return = 0.0
         self.simulator.reset(self.env.scenario, self.env.user_rng())
@@ -47,6 +74,14 @@ class UserSeat(gymnasium.Env):
     def step(self, action: Any):
         if self.env.done:
             raise RuntimeError("step() called on a finished episode; call reset() first")
+        if self._claim is not None and _CLAIMS.get(id(self.simulator)) != self._claim:
+            raise SharedSimulatorError(
+                f"simulator {getattr(self.simulator, 'name', '?')!r} ({type(self.simulator).__name__}) is shared by "
+                f"several envs: another env reset it after this one did, so the dialogue state this step needs now "
+                f"belongs to that env's episode. Give each env its own simulator: pass a factory, e.g. "
+                f"gymnasium.make_vec(id, num_envs=N, simulator=lambda: build_simulator(spec, env=...)) (or "
+                f"env_kwargs={{'simulator': factory}} for Stable-Baselines3's make_vec_env), or reset this env "
+                f"before stepping it again")
         observations, rewards, terminations, truncations, infos = self.env.step({self.seat: action})
         self._return += rewards[self.seat]
         obs, extra, terminated, truncated, info = self._advance(
@@ -74,12 +109,29 @@ class UserSeat(gymnasium.Env):
         self.env.close()
 
 
-def make_user_seat(env_id: str, simulator: Simulator | None = None, **kwargs: Any) -> UserSeat:
-    """Gymnasium entry point: the registered env's policy seat, with ``simulator`` (default: native)."""
+def make_user_seat(env_id: str, simulator: Any = None, **kwargs: Any) -> UserSeat:
+    """Gymnasium entry point: the registered env's policy seat, with ``simulator`` (default: native), or with
+    what ``simulator()`` returns when it is a factory (a class or a zero-argument callable: one per view)."""
     env = make(env_id, **kwargs)
+    if simulator is not None and not isinstance(simulator, Simulator) and callable(simulator):
+        factory, simulator = simulator, simulator()
+        if not (hasattr(simulator, "reset") and hasattr(simulator, "act")):
+            raise TypeError(f"simulator factory {factory!r} returned {simulator!r}, not a simulator")
     if simulator is None:
         factory = spec(env_id).default_simulator
         if factory is None:
             raise ValueError(f"{env_id} has no native simulator; pass simulator=... to gymnasium.make")
         simulator = load(factory)(env)
     return UserSeat(env, simulator)
+
+
+def _claim(simulator: Any) -> int:
+    """A new claim on ``simulator``'s state: the view holding the newest one may step."""
+    key = id(simulator)
+    if key not in _CLAIMS:
+        try:
+            weakref.finalize(simulator, _CLAIMS.pop, key, None)
+        except TypeError:  # not weak-referenceable: the entry stays (one int per such simulator)
+            pass
+    _CLAIMS[key] = claim = next(_NEXT_CLAIM)
+    return claim

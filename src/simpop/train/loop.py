@@ -12,7 +12,8 @@ call it. A run folder holds::
 With ``evaluate``, the policy is evaluated before the first update (step 0, checkpointed so that a resumed
 run does not repeat it), every ``eval_every`` updates and after the last. A killed run resumed from its
 newest checkpoint continues exactly as an uninterrupted one (the log is cut back to that checkpoint and the
-global RNG states are restored with it).
+global RNG states are restored with it); a corrupted newest checkpoint is skipped, with a warning naming it, for
+the newest intact one.
 """
 
 from __future__ import annotations
@@ -91,7 +92,8 @@ def run(trainer: Trainer, updates: int, run_dir: str | Path | None = None, *, co
         updates: The run's total number of updates (a resumed run does only the remaining ones).
         run_dir: The run folder; None keeps nothing on disk (no metrics file, no checkpoints).
         config: Checkpoint, evaluation and logging settings.
-        resume: Continue from the newest checkpoint in ``run_dir`` (a fresh start when there is none).
+        resume: Continue from the newest intact checkpoint in ``run_dir`` (a fresh start when there is none;
+            unreadable newer ones are skipped with a warning, see :func:`simpop.checkpoint.load_latest`).
         evaluate: ``evaluate(step) -> record`` (e.g. held-out panel success); None: no evaluation.
         report: Also called with every record written.
         progress: Show a tqdm progress bar.
@@ -107,8 +109,8 @@ def run(trainer: Trainer, updates: int, run_dir: str | Path | None = None, *, co
     config = config or LoopConfig()
     run_dir = Path(run_dir) if run_dir is not None else None
     start, resumed = 0, False
-    if resume and (path := checkpoint.latest(run_dir)) is not None:
-        start, state = checkpoint.load(path)
+    if resume and (found := checkpoint.load_latest(run_dir)) is not None:
+        _, start, state = found
         trainer.load_state_dict(state)
         resumed = True
     logger = None

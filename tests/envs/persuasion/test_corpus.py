@@ -195,8 +195,9 @@ def test_incomplete_dialogues_are_skipped_and_counted(tmp_path, corpus_dir):
     rows = [r for r in rows if r[0] != rows[4][0]]   # second dialogue: no info rows at all
     write_csv(d / "full_info.csv", rows)
     corpus = load_corpus(d)
-    assert corpus.skipped == 3 and len(corpus.dialogues) == 17
-    fourth = corpus.dialogues[0]
+    assert corpus.skipped == 2 and len(corpus.dialogues) == 18  # the empty persona cell is imputed, not skipped
+    assert corpus.dialogues[0].imputed == ("open",) and [x.id for x in corpus.imputed] == [corpus.dialogues[0].id]
+    fourth = corpus.dialogues[1]
     assert fourth.n_turns == len({u.turn for u in fourth.utterances}) == load_corpus(corpus_dir).dialogues[3].n_turns
 
 

@@ -15,8 +15,13 @@ Files in one directory (the corpus is not shipped; point ``load_corpus`` at a co
 - ``300_info.xlsx`` (optional): ``B2``, ``B4``, ``B5`` (intended donation stated in the chat).
 
 A missing file or column, or a malformed number, raises :class:`CorpusError` naming the file, column
-and row. Dialogues without a persuadee info row, or whose persona or donation cells are empty/``NA``,
-are skipped and counted in :attr:`Corpus.skipped` (an empty ``B7`` is replaced by the turns counted).
+and row. An empty/``NA`` persona cell never costs the dialogue (nor its outcome): it is imputed with that
+attribute's median (numbers) or most frequent value (categories; ties: the first in sort order) over the
+corpus's persuadee rows that have it (the default sampler's modal value if none has), listed in
+:attr:`Dialogue.imputed` (:attr:`Dialogue.persuader_imputed` for the persuader's row) and named, dialogue id
+and column, in one warning. Dialogues without a persuadee info row or with an empty donation (``B6``, the
+outcome itself) are skipped, counted in :attr:`Corpus.skipped` and named in a warning (an empty ``B7`` is
+replaced by the turns counted).
 """
 
 from __future__ import annotations
@@ -32,7 +37,8 @@ import numpy as np
 
 from simpop.envs.persuasion.acts import PERSUADEE_ACTS, PERSUADER_ACTS, STRATEGIES
 from simpop.envs.persuasion.model import AMOUNT_LEVELS, PersuadeeParams, calibrate
-from simpop.envs.persuasion.personas import CATEGORICAL, PERSONA_FIELDS, EmpiricalPersonaSampler, Persona
+from simpop.envs.persuasion.personas import (CATEGORICAL, PERSONA_FIELDS, EmpiricalPersonaSampler, Persona,
+                                             modal_persona)
 
 log = logging.getLogger(__name__)
 
@@ -43,6 +49,8 @@ ROLES = {0: "persuader", 1: "persuadee"}
 ER_LABEL_ALIASES = {"thank": "closing", "you-are-welcome": "closing", "ask-donate-more": "ask-donation-amount",
                     "confirm-donation": "ask-donation-amount"}
 _MISSING = {"", "na", "nan", "none", "null"}
+#: Dialogue ids (and imputed cells) named in one warning before it says "and N more".
+_NAMED_IN_WARNING = 10
 
 
 class CorpusError(ValueError):
@@ -71,6 +79,9 @@ class Dialogue:
         donation: The persuadee's actual donation (``B6``) in dollars.
         intended: The donation stated in the chat (``B5``; annotated set only).
         n_turns: ``B7``.
+        imputed: Persuadee persona attributes whose cells were empty/``NA`` and were imputed (see the
+            module docstring); empty when the row was complete.
+        persuader_imputed: The same for the persuader's row.
     """
 
     id: str
@@ -80,6 +91,8 @@ class Dialogue:
     donation: float
     intended: float | None
     n_turns: int
+    imputed: tuple[str, ...] = ()
+    persuader_imputed: tuple[str, ...] = ()
 
     @property
     def donated(self) -> bool:
@@ -92,7 +105,7 @@ class Dialogue:
 
 @dataclass(frozen=True)
 class Corpus:
-    """The loaded dialogues; ``skipped`` counts dialogues left out for missing info or persona cells."""
+    """The loaded dialogues; ``skipped`` counts dialogues left out for a missing info row or donation."""
 
     dialogues: tuple[Dialogue, ...]
     skipped: int = 0
@@ -100,6 +113,11 @@ class Corpus:
     @property
     def annotated(self) -> tuple[Dialogue, ...]:
         return tuple(d for d in self.dialogues if d.annotated)
+
+    @property
+    def imputed(self) -> tuple[Dialogue, ...]:
+        """Dialogues whose persuadee persona has imputed attributes."""
+        return tuple(d for d in self.dialogues if d.imputed)
 
     @property
     def donor_rate(self) -> float:
@@ -188,18 +206,44 @@ def _read_xlsx(path: Path) -> _Table:
     return _Table(path, [h.strip() for h in rows[0]], rows[1:])
 
 
-def _persona(table: _Table, record: dict[str, str], row: int, columns: dict[str, str]) -> Persona | None:
-    """The row's persona, or None if a cell is empty/NA; malformed values raise."""
+def _persona(table: _Table, record: dict[str, str], row: int, columns: dict[str, str],
+             fill: dict[str, object]) -> tuple[Persona, tuple[str, ...]]:
+    """The row's persona and the attributes whose empty/NA cells were filled from ``fill``; malformed values raise."""
     values: dict[str, object] = {}
+    missing: list[str] = []
     for name, column in columns.items():
         raw = record[column].strip()
         if raw.lower() in _MISSING:
-            return None
-        values[name] = raw if name in CATEGORICAL else table.number(record, column, row)
+            missing.append(name)
+            values[name] = fill[name]
+        else:
+            values[name] = raw if name in CATEGORICAL else table.number(record, column, row)
     try:
-        return Persona.from_mapping(values)
+        return Persona.from_mapping(values), tuple(missing)
     except ValueError as e:
         raise CorpusError(f"{table.path.name}: row {row}: {e}") from None
+
+
+def _imputation(table: _Table, rows: list[tuple[dict[str, str], int]], columns: dict[str, str]) -> dict[str, object]:
+    """Each attribute's fill value: the median (numbers) or most frequent value (categories) over ``rows``
+    that have it, else the default sampler's modal value."""
+    default = modal_persona()
+    fill: dict[str, object] = {}
+    for name, column in columns.items():
+        present = [(record, row) for record, row in rows if record[column].strip().lower() not in _MISSING]
+        if not present:
+            fill[name] = getattr(default, name)
+        elif name in CATEGORICAL:
+            column_values = [record[column].strip() for record, _ in present]
+            fill[name] = max(sorted(set(column_values)), key=column_values.count)
+        else:
+            fill[name] = float(np.median([table.number(record, column, row) for record, row in present]))
+    return fill
+
+
+def _named(items: list[str]) -> str:
+    shown = "; ".join(items[:_NAMED_IN_WARNING])
+    return shown + (f"; and {len(items) - _NAMED_IN_WARNING} more" if len(items) > _NAMED_IN_WARNING else "")
 
 
 def _utterances(table: _Table, labelled: bool) -> dict[str, list[Utterance]]:
@@ -254,32 +298,45 @@ def load_corpus(directory: str | Path) -> Corpus:
         if record["B2"].strip():
             rows.setdefault(record["B2"].strip(), {})[int(info.number(record, "B4", row))] = (record, row)
 
-    dialogues, skipped = [], 0
+    fill = _imputation(info, [roles[1] for dialogue_id, roles in rows.items() if dialogue_id in utterances
+                              and 1 in roles], persona_columns)
+    dialogues: list[Dialogue] = []
+    skipped: list[str] = []
+    imputed: list[str] = []
     for dialogue_id, utts in utterances.items():
         roles = rows.get(dialogue_id, {})
         if 1 not in roles:
-            skipped += 1
+            skipped.append(f"{dialogue_id} (no persuadee row, B4 = 1, in {FULL_INFO})")
             continue
         record, row = roles[1]
-        persona = _persona(info, record, row, persona_columns)
-        if persona is None:
-            skipped += 1
-            continue
         donation = info.number(record, "B6", row, optional=True)
         if donation is None:
-            skipped += 1
+            skipped.append(f"{dialogue_id} ({FULL_INFO} row {row}: empty donation, column 'B6')")
             continue
         if donation < 0:
             raise CorpusError(f"{FULL_INFO}: row {row}, column 'B6' has {donation}; a donation cannot be negative")
-        persuader = _persona(info, *roles[0], persona_columns) if 0 in roles else None
+        persona, missing = _persona(info, record, row, persona_columns, fill)
+        persuader, persuader_missing = None, ()
+        if 0 in roles:
+            persuader, persuader_missing = _persona(info, *roles[0], persona_columns, fill)
+        persuader_row = roles[0][1] if 0 in roles else 0
+        for role, names, at in (("persuadee", missing, row), ("persuader", persuader_missing, persuader_row)):
+            if names:
+                imputed.append(f"dialogue {dialogue_id} {role} ({FULL_INFO} row {at}): "
+                               + ", ".join(repr(persona_columns[n]) for n in names))
         turns = info.number(record, "B7", row, optional=True)
         dialogues.append(Dialogue(dialogue_id, tuple(utts), persona, persuader, donation, intended.get(dialogue_id),
-                                  len({u.turn for u in utts}) if turns is None else int(turns)))
+                                  len({u.turn for u in utts}) if turns is None else int(turns), missing,
+                                  persuader_missing))
+    if imputed:
+        log.warning("P4G corpus %s: imputed empty persona cells (median / most frequent value) in %d rows, "
+                    "dialogues kept: %s", directory, len(imputed), _named(imputed))
     if skipped:
-        log.warning("P4G corpus: skipped %d dialogues without a complete persuadee info row", skipped)
+        log.warning("P4G corpus %s: skipped %d dialogues: %s", directory, len(skipped), _named(skipped))
     if not dialogues:
-        raise CorpusError(f"{FULL_DIALOG}/{FULL_INFO}: no dialogue has both utterances and a complete persuadee row")
-    return Corpus(tuple(dialogues), skipped)
+        raise CorpusError(f"{FULL_DIALOG}/{FULL_INFO}: no dialogue has both utterances and a persuadee row with "
+                          f"a donation")
+    return Corpus(tuple(dialogues), len(skipped))
 
 
 # ---------------------------------------------------------------------------------------------- fitting
