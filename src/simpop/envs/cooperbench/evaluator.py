@@ -87,6 +87,7 @@ class FeatureResult:
         tests_failed: Failed tests plus errors.
         timed_out: Killed at the time limit.
         output_limited: Killed for writing too much output.
+        disk_full: The run exhausted its disk quota (``Limits.max_disk_bytes``); such a run fails.
         error: Why the tests did not run or what went wrong around them (None if nothing did).
         output_tail: The end of the test output.
     """
@@ -98,6 +99,7 @@ class FeatureResult:
     tests_failed: int = 0
     timed_out: bool = False
     output_limited: bool = False
+    disk_full: bool = False
     error: str | None = None
     output_tail: str = ""
 
@@ -109,6 +111,8 @@ class FeatureResult:
             text += ", killed at the time limit"
         if self.output_limited:
             text += ", killed: output limit"
+        if self.disk_full:
+            text += ", disk quota exhausted"
         text += ")"
         return text + (f" - {self.error}" if self.error else "")
 
@@ -357,7 +361,8 @@ class Evaluator:
                "PYTHONHASHSEED": "0", "PYTEST_ADDOPTS": "-p no:cacheprovider", "PYTEST_PLUGINS": GUARD_MODULE,
                "SIMPOP_PYTEST_GUARD": str(record), "PYTHONPATH": ":".join(paths)}
         argv = ["bash", str(script), *task.tests.args(repo, tests_patch, feature_patch)]
-        result = sandbox.run(argv, repo, self.limits, env, writable=[repo, home])
+        result = sandbox.run(argv, repo, self.limits, env, writable=[repo, home],
+                             readable=[script, patches, ws.source], outputs=[record])
         passed, failed, problems = guard_verdict(record.read_text(errors="replace") if record.is_file() else "")
         error = None
         if result.exit_code is None and not (result.timed_out or result.output_limited):
@@ -366,9 +371,12 @@ class Evaluator:
             error = f"{task.tests.name} exited with code {result.exit_code}"
         if problems and error is None and not (result.timed_out or result.output_limited):
             error = "; ".join(dict.fromkeys(problems))[:1000]
-        return FeatureResult(feature_id, passed=result.exit_code == 0 and passed > 0 and failed == 0 and not problems,
+        if result.disk_full:
+            error = f"disk quota of {self.limits.max_disk_bytes} bytes exhausted" + (f"; {error}" if error else "")
+        return FeatureResult(feature_id, passed=result.ok and passed > 0 and failed == 0 and not problems,
                              exit_code=result.exit_code, tests_passed=passed, tests_failed=failed,
-                             timed_out=result.timed_out, output_limited=result.output_limited, error=error,
+                             timed_out=result.timed_out, output_limited=result.output_limited,
+                             disk_full=result.disk_full, error=error,
                              output_tail=result.tail(self.tail_chars))
 
 

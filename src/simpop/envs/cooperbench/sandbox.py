@@ -20,12 +20,31 @@ model-written code) goes through :func:`run`:
   interface is up, not even loopback). Where namespaces are not permitted, a ``sitecustomize``
   module on ``PYTHONPATH`` makes Python sockets refuse non-Unix connections: a weaker guard that
   only covers Python processes.
-- **filesystem** (untrusted commands, namespaces permitted): a private mount namespace in which
-  every mount is remounted read-only except the directories the command is given; then every
-  capability is dropped (``setpriv --bounding-set=-all --no-new-privs``), so even a root process
-  cannot remount, and writes anywhere else fail with "Read-only file system". The working
-  directory is re-entered after the mounts, so relative paths reach the writable bind mount.
-  Reads are not restricted. Without namespaces there is no filesystem guard.
+- **filesystem** (untrusted commands, namespaces permitted): a private mount namespace whose root
+  is a new, minimal tree (``pivot_root`` onto a tmpfs; the host's root is detached):
+
+  - *reads*: only the system directories (``/usr``, ``/bin``, ``/sbin``, ``/lib*``, ``/etc``
+    with ``shadow``/``gshadow``/``sudoers``/``ssh``/``ssl/private`` masked), the ``PATH`` and
+    ``PYTHONPATH`` entries, the prefixes of the Python interpreters found on ``PATH`` (a venv and
+    its base installation), and the paths the caller lists as ``readable``, all read-only. The
+    rest of the host (``/root``, ``/home``, the host's ``/tmp``, ``/var``, ``/sys``, other
+    projects) is absent. ``/proc`` is a fresh, read-only procfs of the run's own PID namespace, so
+    other processes' ``cmdline``/``environ`` cannot be read; ``/dev`` holds only ``null``, ``zero``,
+    ``full``, ``random``, ``urandom``, ``tty``, ``pts`` and ``shm``.
+  - *writes*: ``writable`` directories are overlays: the command sees their contents, but what it
+    writes lands on one size-limited tmpfs (``max_disk_bytes``, shared with ``/tmp`` and
+    ``/dev/shm``) and is discarded when the run ends; writing past the quota fails with "No space
+    left on device" and the result says ``disk_full``. Only the files listed as ``outputs`` are
+    written through to the host (each bounded by ``RLIMIT_FSIZE``). Everything else is read-only.
+  - then every capability is dropped (``setpriv --bounding-set=-all --no-new-privs``), so even a
+    root process cannot remount, unmount or leave the new root.
+
+  The working directory is entered by path inside the new root. Where the private root is
+  refused (e.g. mounting ``proc`` or ``pivot_root`` is not permitted; :func:`capabilities` says
+  why), the older guard applies: every mount remounted read-only except the ``writable``
+  directories (bind-mounted, written through, no total quota), reads not restricted. Where
+  overlays are refused, ``writable`` directories are written through without a total quota (``/tmp``
+  keeps its limit). Without namespaces there is no filesystem guard.
 
 Namespaces need root (or unprivileged user namespaces, which are not used here).
 :func:`capabilities` probes once which mechanisms this machine allows.
@@ -51,13 +70,20 @@ from pathlib import Path
 #: Environment variable that tags every process of one run (the fallback child-killing mechanism).
 MARKER_VAR = "SIMPOP_SANDBOX_RUN"
 
+#: System directories visible (read-only) in the private root.
+SYSTEM_PATHS = ("/usr", "/bin", "/sbin", "/lib", "/lib32", "/lib64", "/libx32", "/etc")
+#: Paths inside the visible tree that are masked (an empty file or directory in their place).
+MASKED_PATHS = ("/etc/shadow", "/etc/shadow-", "/etc/gshadow", "/etc/gshadow-", "/etc/sudoers", "/etc/sudoers.d",
+                "/etc/ssh", "/etc/ssl/private", "/etc/security/opasswd")
+
 # Runs in the child before an untrusted command (as PID 1 of the namespaces when they are used):
-# join the run's pids cgroup, set the resource limits, make every mount read-only except the
-# writable directories, then exec the command through setpriv with every capability dropped.
-# `-I -S` keeps it independent of the environment and fast (~30 ms with ctypes).
+# join the run's pids cgroup, set the resource limits, build the filesystem view (a private root,
+# or the older read-only remount), then run the command through setpriv with every capability
+# dropped. `-I -S` keeps it independent of the environment and fast (~30 ms with ctypes).
 _WRAPPER = r"""
 import json, os, resource, sys
 cfg, argv = json.loads(sys.argv[1]), sys.argv[2:]
+os.get_exec_path()  # imports what execvp needs while the interpreter's own files are still at hand
 if cfg["cgroup"]:
     with open(os.path.join(cfg["cgroup"], "cgroup.procs"), "w") as f:
         f.write("0")
@@ -65,33 +91,154 @@ for res, val in ((resource.RLIMIT_AS, cfg["mem"]), (resource.RLIMIT_CPU, cfg["cp
                  (resource.RLIMIT_FSIZE, cfg["fsize"])):
     if val > 0:
         resource.setrlimit(res, (val, val))
+view = cfg["view"]
 if cfg["guard"]:
     import ctypes, re
     libc = ctypes.CDLL(None, use_errno=True)
-    MS_RDONLY, MS_REMOUNT, MS_BIND = 1, 32, 4096
-    def mount(source, target, flags):
-        if libc.mount(source, target.encode(), None, flags, None) != 0:
+    MS_RDONLY, MS_NOSUID, MS_NODEV, MS_NOEXEC, MS_REMOUNT, MS_BIND, MS_REC = 1, 2, 4, 8, 32, 4096, 16384
+    def enc(s):
+        return s.encode() if isinstance(s, str) else s
+    def mount(source, target, fstype=None, flags=0, data=None):
+        if libc.mount(enc(source), enc(target), enc(fstype), ctypes.c_ulong(flags), enc(data)) != 0:
             err = ctypes.get_errno()
             raise OSError(err, os.strerror(err), target)
-    keep = [os.path.realpath(p) for p in cfg["writable"]]
-    for path in keep:
-        mount(path.encode(), path, MS_BIND)
-    with open("/proc/self/mounts") as f:
-        points = [re.sub(r"\\([0-7]{3})", lambda m: chr(int(m.group(1), 8)), line.split()[1]) for line in f]
-    for point in dict.fromkeys(points):
-        if point not in keep:
-            try:
-                mount(None, point, MS_REMOUNT | MS_BIND | MS_RDONLY)
-            except OSError:
-                pass  # already read-only, or not remountable (pseudo filesystems)
-    # The working directory was entered before the bind mounts above: re-enter it by path, or it
-    # stays on the read-only mount underneath and relative writes fail.
-    cwd = os.getcwd()
-    os.chdir("/")
-    os.chdir(cwd)
+    def mountpoints():
+        with open("/proc/self/mounts") as f:
+            return list(dict.fromkeys(re.sub(r"\\([0-7]{3})", lambda m: chr(int(m.group(1), 8)), line.split()[1])
+                                      for line in f))
+    def read_only(points, keep):
+        for point in points:
+            if point not in keep:
+                try:
+                    mount(None, point, None, MS_REMOUNT | MS_BIND | MS_RDONLY)
+                except OSError:
+                    pass  # already read-only, or not remountable (pseudo filesystems)
+    if view is None:
+        # Older guard: the host tree, every mount read-only except the writable directories.
+        keep = [os.path.realpath(p) for p in cfg["writable"]]
+        for path in keep:
+            mount(path, path, None, MS_BIND)
+        read_only(mountpoints(), keep)
+        # The working directory was entered before the bind mounts above: re-enter it by path, or it
+        # stays on the read-only mount underneath and relative writes fail.
+        cwd = os.getcwd()
+        os.chdir("/")
+        os.chdir(cwd)
+    else:
+        cwd = os.getcwd()
+        status = os.open(view["status"], os.O_WRONLY | os.O_TRUNC)
+        new = view["root"]
+        mount("tmpfs", new, "tmpfs", MS_NOSUID | MS_NODEV, "size=4m,mode=755")
+        scratch = new + "/.scratch"
+        os.mkdir(scratch)
+        mount("tmpfs", scratch, "tmpfs", MS_NOSUID | MS_NODEV, view["scratch_opts"])
+        for name in ("tmp", "shm", "upper", "work"):
+            os.mkdir(f"{scratch}/{name}")
+        os.chmod(f"{scratch}/tmp", 0o1777)
+        os.chmod(f"{scratch}/shm", 0o1777)
+        def place(path, is_dir):
+            dst = new + path
+            if is_dir:
+                os.makedirs(dst, exist_ok=True)
+            else:
+                os.makedirs(os.path.dirname(dst), exist_ok=True)
+                if not os.path.lexists(dst):
+                    open(dst, "w").close()
+            return dst
+        keep = [scratch]
+        keep.append(place("/tmp", True))
+        mount(scratch + "/tmp", keep[-1], None, MS_BIND)
+        for link, target in view["links"]:
+            os.symlink(target, new + link)
+        for path in view["readable"]:
+            mount(path, place(path, os.path.isdir(path)), None, MS_BIND | MS_REC)
+        empty = new + "/.empty"
+        open(empty, "w").close()
+        for path in view["masked"]:
+            if os.path.isdir(path):
+                mount("tmpfs", new + path, "tmpfs", MS_NOSUID | MS_NODEV | MS_RDONLY, "size=4k,mode=755")
+            else:
+                mount(empty, new + path, None, MS_BIND)
+        esc = lambda p: p.replace("\\", "\\\\").replace(",", "\\,").replace(":", "\\:")
+        for i, path in enumerate(view["writable"]):
+            dst = place(path, True)
+            if view["overlay"]:
+                upper, work = f"{scratch}/upper/{i}", f"{scratch}/work/{i}"
+                os.mkdir(upper)
+                os.mkdir(work)
+                mount("overlay", dst, "overlay", MS_NOSUID | MS_NODEV,
+                      f"lowerdir={esc(path)},upperdir={esc(upper)},workdir={esc(work)}")
+            else:
+                mount(path, dst, None, MS_BIND)
+            keep.append(dst)
+        for path in view["outputs"]:
+            keep.append(place(path, False))
+            mount(path, keep[-1], None, MS_BIND)
+        mount("proc", place("/proc", True), "proc", MS_NOSUID | MS_NODEV | MS_NOEXEC | MS_RDONLY)
+        place("/sys", True)
+        dev = place("/dev", True)
+        mount("tmpfs", dev, "tmpfs", MS_NOSUID | MS_NOEXEC, "size=64k,mode=755")
+        for node in ("null", "zero", "full", "random", "urandom", "tty"):
+            if os.path.exists("/dev/" + node):
+                open(f"{dev}/{node}", "w").close()
+                mount("/dev/" + node, f"{dev}/{node}", None, MS_BIND)
+                keep.append(f"{dev}/{node}")
+        for name, target in (("fd", "/proc/self/fd"), ("stdin", "/proc/self/fd/0"), ("stdout", "/proc/self/fd/1"),
+                             ("stderr", "/proc/self/fd/2"), ("ptmx", "pts/ptmx")):
+            os.symlink(target, f"{dev}/{name}")
+        os.mkdir(f"{dev}/shm")
+        mount(scratch + "/shm", f"{dev}/shm", None, MS_BIND)
+        keep.append(f"{dev}/shm")
+        os.mkdir(f"{dev}/pts")
+        try:
+            mount("devpts", f"{dev}/pts", "devpts", MS_NOSUID | MS_NOEXEC, "newinstance,ptmxmode=0666,mode=620")
+            keep.append(f"{dev}/pts")
+        except OSError:
+            pass  # no pseudo-terminals in the sandbox
+        os.mkdir(new + "/.oldroot")
+        read_only([p for p in mountpoints() if p.startswith(new + "/")], keep)
+        os.chdir(new)
+        if libc.syscall(155 if os.uname().machine == "x86_64" else 41, b".", b".oldroot") != 0:
+            err = ctypes.get_errno()
+            raise OSError(err, "pivot_root: " + os.strerror(err), new)
+        os.chdir("/")
+        libc.umount2(b"/.oldroot", 2)  # MNT_DETACH: the host's tree is gone from this namespace
+        os.rmdir("/.oldroot")
+        quota = os.open("/.scratch", os.O_RDONLY | os.O_DIRECTORY)
+        libc.umount2(b"/.scratch", 2)
+        os.rmdir("/.scratch")
+        os.unlink("/.empty")
+        mount(None, "/", None, MS_REMOUNT | MS_BIND | MS_RDONLY)
+        try:
+            os.chdir(cwd)
+        except OSError:
+            print(f"simpop sandbox: the working directory {cwd} is not in the sandbox's view", file=sys.stderr)
+            os._exit(126)
     argv = [cfg["setpriv"], "--bounding-set=-all", "--inh-caps=-all", "--no-new-privs", "--", *argv]
-os.get_exec_path()  # imports what execvp needs while the interpreter's own files are still at hand
-os.execvp(argv[0], argv)
+if view is None:
+    os.execvp(argv[0], argv)
+# PID 1 of the private root: run the command, then report its status and the disk quota's use.
+pid = os.fork()
+if pid == 0:
+    try:
+        os.execvp(argv[0], argv)
+    except OSError as exc:
+        print(f"simpop sandbox: could not start {argv[5]!r}: {exc}", file=sys.stderr)
+    os._exit(127)
+while True:
+    try:
+        done, code = os.wait()
+    except ChildProcessError:
+        code = 127 << 8
+        break
+    if done == pid:
+        break
+st = os.fstatvfs(quota)
+free, total = st.f_bavail * st.f_frsize, st.f_blocks * st.f_frsize
+signum = os.WTERMSIG(code) if os.WIFSIGNALED(code) else 0
+os.write(status, json.dumps({"signal": signum, "disk_used": total - free,
+                             "disk_full": view["quota"] > 0 and free < max(2**20, total // 100)}).encode())
+os._exit(128 + signum if signum else os.WEXITSTATUS(code))
 """
 
 # Imported by every Python process started with the fallback network guard on PYTHONPATH.
@@ -133,6 +280,9 @@ class Limits:
         timeout_s: Wall-clock limit; the whole process tree is killed when it expires.
         memory_bytes: ``RLIMIT_AS`` per process (0 disables it).
         max_file_bytes: ``RLIMIT_FSIZE``: the largest file a process may write (0 disables it).
+        max_disk_bytes: Total of everything an untrusted run writes (its ``writable`` directories,
+            ``/tmp``, ``/dev/shm``), the size of its scratch tmpfs where the private root is used
+            (0: no total limit). Files listed as ``outputs`` are outside it (``max_file_bytes`` each).
         max_output_bytes: Combined stdout+stderr kept; writing more kills the process.
         max_processes: ``pids.max`` of the run's cgroup, where one can be created (0 disables it).
         network: Allow network access (off for everything the evaluator runs).
@@ -141,6 +291,7 @@ class Limits:
     timeout_s: float = 60.0
     memory_bytes: int = 4 * 2**30
     max_file_bytes: int = 64 * 2**20
+    max_disk_bytes: int = 256 * 2**20
     max_output_bytes: int = 2**20
     max_processes: int = 256
     network: bool = False
@@ -150,7 +301,7 @@ class Limits:
             raise ValueError(f"timeout_s must be > 0, got {self.timeout_s}")
         if self.max_output_bytes < 1024:
             raise ValueError(f"max_output_bytes must be >= 1024, got {self.max_output_bytes}")
-        for name in ("memory_bytes", "max_file_bytes", "max_processes"):
+        for name in ("memory_bytes", "max_file_bytes", "max_disk_bytes", "max_processes"):
             if getattr(self, name) < 0:
                 raise ValueError(f"{name} must be >= 0 (0 disables the limit), got {getattr(self, name)}")
 
@@ -162,34 +313,58 @@ class Capabilities:
     Attributes:
         namespaces: PID, network and mount namespaces can be created (``unshare`` as root).
         pids_cgroup: Where per-run ``pids`` cgroups are created (None: process counts are not limited).
+        private_root: Untrusted runs get the private root (a minimal read-only view, their own
+            ``/proc``); False: reads are not restricted and other processes are visible.
+        disk_quota: ``writable`` directories are overlays on the size-limited scratch tmpfs
+            (``Limits.max_disk_bytes``); False: they are written through with no total limit.
+        refused: Why a stronger mechanism was refused here ("" if none was).
     """
 
     namespaces: bool
     pids_cgroup: Path | None
+    private_root: bool = False
+    disk_quota: bool = False
+    refused: str = ""
 
     def describe(self) -> str:
-        if self.namespaces:
+        if self.namespaces and self.private_root:
             text = ("network: none (empty network namespace); leftover processes: killed with the PID namespace; "
-                    "filesystem: read-only except the run's own directories, all capabilities dropped")
+                    "filesystem: a private read-only root with only system, interpreter and run directories, "
+                    "its own /proc, all capabilities dropped; disk: "
+                    + ("a size-limited overlay over the writable directories" if self.disk_quota
+                       else "writable directories written through, no total limit (overlays refused)"))
+        elif self.namespaces:
+            text = ("network: none (empty network namespace); leftover processes: killed with the PID namespace; "
+                    "filesystem: read-only except the run's own directories, reads not restricted, host /proc "
+                    "visible, all capabilities dropped; disk: no total limit")
         else:
             text = ("network: Python sockets blocked (sitecustomize guard); leftover processes: process group + "
-                    "/proc marker scan; filesystem: not guarded")
+                    "/proc marker scan; filesystem: not guarded; disk: no total limit")
         limit = f"a pids cgroup under {self.pids_cgroup}" if self.pids_cgroup else "not limited"
-        return f"{text}; process count: {limit}"
+        text = f"{text}; process count: {limit}"
+        return text + (f"; refused here: {self.refused}" if self.refused else "")
 
 
 @functools.cache
 def capabilities() -> Capabilities:
-    """Probe (once) which containment mechanisms work here."""
-    namespaces = False
-    if shutil.which("unshare") and shutil.which("setpriv") and sys.platform.startswith("linux"):
+    """Probe (once) which containment mechanisms work here: the private root with overlays, then
+    without overlays, then the older read-only remount; the first that runs a command is used."""
+    if not (shutil.which("unshare") and shutil.which("setpriv") and sys.platform.startswith("linux")):
+        return Capabilities(namespaces=False, pids_cgroup=None)
+    refused = []
+    for private_root, overlay in ((True, True), (True, False), (False, False)):
+        caps = Capabilities(namespaces=True, pids_cgroup=None, private_root=private_root, disk_quota=overlay)
         with _scratch_dir() as probe_dir:
-            command = _command(["true"], Limits(), None, [Path(probe_dir)], namespaces=True)
-            try:
-                namespaces = subprocess.run(command, capture_output=True, timeout=20).returncode == 0
-            except (OSError, subprocess.SubprocessError):
-                namespaces = False
-    return Capabilities(namespaces=namespaces, pids_cgroup=_find_pids_cgroup() if namespaces else None)
+            probe = Path(probe_dir) / "w"
+            probe.mkdir()
+            result = run(["sh", "-c", "echo x > probe"], probe, Limits(timeout_s=20), {"PATH": "/usr/bin:/bin"},
+                         writable=[probe], _caps=caps)
+        if result.exit_code == 0:
+            return Capabilities(namespaces=True, pids_cgroup=_find_pids_cgroup(), private_root=private_root,
+                                disk_quota=overlay, refused="; ".join(refused))
+        what = "private root with overlays" if overlay else "private root" if private_root else "namespaces"
+        refused.append(f"{what} ({result.describe()}: {result.tail(200).strip() or 'no output'})")
+    return Capabilities(namespaces=False, pids_cgroup=None, refused="; ".join(refused))
 
 
 def _find_pids_cgroup() -> Path | None:
@@ -225,11 +400,65 @@ def _scratch_dir():
         shutil.rmtree(path, ignore_errors=True)
 
 
+def _under(path: str, roots: list[str]) -> bool:
+    return any(path == root or path.startswith(root.rstrip("/") + "/") for root in roots)
+
+
+def _python_prefixes(directory: str) -> list[str]:
+    """Installation prefixes of the Python interpreters in ``directory`` (a venv and its base)."""
+    prefixes = []
+    try:
+        names = [e.path for e in os.scandir(directory) if e.name.startswith("python")]
+    except OSError:
+        return []
+    for path in names:
+        for _ in range(16):  # each hop of a symlink chain (venv -> base interpreter)
+            parent = os.path.dirname(os.path.abspath(path))
+            if os.path.basename(parent) == "bin":
+                prefix = os.path.dirname(parent)
+                prefixes.append(prefix)
+                with contextlib.suppress(OSError, UnicodeDecodeError):
+                    for line in Path(prefix, "pyvenv.cfg").read_text().splitlines():
+                        key, _, value = line.partition("=")
+                        if key.strip() == "home" and value.strip():
+                            prefixes.append(os.path.dirname(value.strip()))
+            if not os.path.islink(path):
+                break
+            path = os.path.join(parent, os.readlink(path))
+    return prefixes
+
+
+def _view(root: Path, status: Path, env: dict[str, str], writable: list[Path], readable: list[Path],
+          outputs: list[Path], limits: Limits, overlay: bool) -> dict:
+    """The private root's configuration for the wrapper (every path resolved, existing, host-side)."""
+    writes = list(dict.fromkeys(os.path.realpath(p) for p in writable if os.path.isdir(p)))
+    links, wanted = [], []
+    for path in SYSTEM_PATHS:
+        if os.path.islink(path):
+            target = os.readlink(path)
+            links.append((path, target))
+            wanted.append(os.path.realpath(path))
+        elif os.path.isdir(path):
+            wanted.append(path)
+    search = [p for var in ("PATH", "PYTHONPATH") for p in env.get(var, "").split(os.pathsep) if os.path.isabs(p)]
+    wanted += search + [prefix for d in search for prefix in _python_prefixes(d)] + [str(p) for p in readable]
+    reads: list[str] = []
+    for path in sorted({os.path.realpath(p) for p in wanted if os.path.exists(p)}, key=lambda p: (p.count("/"), p)):
+        if path != "/" and not _under(path, reads) and not _under(path, writes):
+            reads.append(path)
+    masked = [p for p in MASKED_PATHS if _under(p, reads) and not os.path.islink(p) and os.path.exists(p)]
+    outs = list(dict.fromkeys(os.path.realpath(p) for p in outputs))
+    quota = limits.max_disk_bytes
+    return {"root": str(root), "status": str(status), "links": links, "readable": reads, "masked": masked,
+            "writable": writes, "outputs": outs, "overlay": overlay, "quota": quota,
+            "scratch_opts": f"size={quota},mode=755" if quota else "mode=755"}
+
+
 def _command(argv: list[str], limits: Limits, cgroup: Path | None, writable: list[Path],
-             namespaces: bool) -> list[str]:
+             namespaces: bool, view: dict | None = None) -> list[str]:
     """The full command line of an untrusted run: [unshare ...] wrapper config argv."""
     config = {"mem": limits.memory_bytes, "cpu": int(limits.timeout_s) + 2, "fsize": limits.max_file_bytes,
-              "cgroup": str(cgroup) if cgroup else None, "guard": namespaces,
+              "cgroup": str(cgroup) if cgroup else None, "guard": namespaces, "view": view if namespaces else None,
               "writable": [str(p) for p in writable], "setpriv": shutil.which("setpriv") or "setpriv"}
     command = [sys.executable, "-I", "-S", "-c", _WRAPPER, json.dumps(config), *argv]
     if not namespaces:
@@ -249,6 +478,10 @@ class ProcessResult:
         output: stdout and stderr interleaved, decoded (replacement characters for bad bytes).
         timed_out: The wall-clock limit expired and the process tree was killed.
         output_limited: The output cap was hit and the process tree was killed.
+        disk_full: The run's disk quota (``Limits.max_disk_bytes``) was exhausted when it ended;
+            its writes past the quota failed with "No space left on device".
+        disk_used_bytes: What the run had written to its scratch tmpfs when it ended (None: no
+            private root, so not measured).
         leftovers_killed: Processes the command left behind that the fallback scan had to kill.
         duration_s: Wall-clock seconds.
     """
@@ -257,12 +490,14 @@ class ProcessResult:
     output: str
     timed_out: bool = False
     output_limited: bool = False
+    disk_full: bool = False
+    disk_used_bytes: int | None = None
     leftovers_killed: int = 0
     duration_s: float = 0.0
 
     @property
     def ok(self) -> bool:
-        return self.exit_code == 0 and not self.timed_out and not self.output_limited
+        return self.exit_code == 0 and not self.timed_out and not self.output_limited and not self.disk_full
 
     def tail(self, chars: int = 2000) -> str:
         return self.output[-chars:]
@@ -273,6 +508,8 @@ class ProcessResult:
             return f"killed after the time limit ({self.duration_s:.1f}s)"
         if self.output_limited:
             return "killed: output limit exceeded"
+        if self.disk_full:
+            return f"exit code {self.exit_code}; the disk quota was exhausted (writes failed: no space left)"
         return f"exit code {self.exit_code}"
 
 
@@ -284,43 +521,80 @@ def write_socket_guard(directory: Path) -> Path:
 
 
 def run(argv: list[str], cwd: Path, limits: Limits, env: dict[str, str] | None = None,
-        writable: list[Path] | None = None) -> ProcessResult:
+        writable: list[Path] | None = None, readable: list[Path] | None = None,
+        outputs: list[Path] | None = None, *, _caps: Capabilities | None = None) -> ProcessResult:
     """Run ``argv`` in ``cwd`` under ``limits``; never raises for what the command does.
 
     Args:
         argv: The command; ``argv[0]`` is looked up on the ``PATH`` of ``env``.
-        cwd: Working directory.
-        limits: Time, memory, output, process and network limits.
+        cwd: Working directory (in the private root it must be visible: writable or readable, or
+            ``/tmp``).
+        limits: Time, memory, output, disk, process and network limits.
         env: The complete environment for the command (nothing is inherited); a marker variable
             is added.
         writable: Makes the command *untrusted* (model-written code): every mechanism of the
-            module docstring applies and these are the only directories it may write to. None
-            (trusted commands, e.g. git on validated patches): only the time limit, the output
-            cap and the process-group kill apply, which keeps the many git calls cheap.
+            module docstring applies and these are the only directories it may write to (in the
+            private root: on the size-limited overlay, discarded at the end). None (trusted
+            commands, e.g. git on validated patches): only the time limit, the output cap and the
+            process-group kill apply, which keeps the many git calls cheap.
+        readable: Further files and directories an untrusted command may read (besides the
+            system directories, its ``PATH``/``PYTHONPATH`` and their Python installations).
+        outputs: Files an untrusted command writes through to the host (created empty if
+            missing; each bounded by ``max_file_bytes``), e.g. a record read after the run.
     """
-    caps = capabilities()
+    caps = _caps or capabilities()
     marker = uuid.uuid4().hex
     env = {**(env or {}), MARKER_VAR: marker}
     cgroup = None
     command = list(argv)
+    rundir = status = None
     if writable is not None:
         if caps.namespaces and caps.pids_cgroup is not None and limits.max_processes:
             cgroup = _make_cgroup(caps.pids_cgroup, limits.max_processes)
-        command = _command(argv, limits, cgroup, writable, caps.namespaces)
+        view = None
+        if caps.namespaces and caps.private_root:
+            rundir = Path(tempfile.mkdtemp(prefix="simpop-sandbox-run-"))
+            (rundir / "root").mkdir()
+            status = rundir / "status"
+            status.touch()
+            for path in outputs or []:
+                Path(path).touch()
+            view = _view(rundir / "root", status, env, writable, readable or [], outputs or [], limits,
+                         caps.disk_quota)
+        command = _command(argv, limits, cgroup, writable, caps.namespaces, view)
     start = time.monotonic()
     try:
         proc = subprocess.Popen(command, cwd=cwd, env=env, stdin=subprocess.DEVNULL, stdout=subprocess.PIPE,
                                 stderr=subprocess.STDOUT, start_new_session=True)
     except OSError as exc:
         _remove_cgroup(cgroup)
+        if rundir is not None:
+            shutil.rmtree(rundir, ignore_errors=True)
         return ProcessResult(None, f"could not start {argv[0]!r}: {exc}")
     result = _collect(proc, limits, start)
     if not (writable is not None and caps.namespaces):
         # Without a PID namespace, children that left the process group may survive it.
         result.leftovers_killed = _kill_marked(marker)
     _remove_cgroup(cgroup)
+    if rundir is not None:
+        _read_status(result, status)
+        shutil.rmtree(rundir, ignore_errors=True)
     result.duration_s = time.monotonic() - start
     return result
+
+
+def _read_status(result: ProcessResult, status: Path | None) -> None:
+    """What the private root's PID 1 reported: the command's signal and the disk quota's use."""
+    try:
+        report = json.loads(status.read_text()) if status else None
+    except (OSError, ValueError):
+        report = None
+    if not isinstance(report, dict):
+        return  # killed before it could report (time or output limit)
+    result.disk_full = bool(report.get("disk_full"))
+    result.disk_used_bytes = report.get("disk_used")
+    if report.get("signal") and result.exit_code is not None:
+        result.exit_code = -int(report["signal"])
 
 
 def _make_cgroup(root: Path, max_processes: int) -> Path | None:
