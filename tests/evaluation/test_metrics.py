@@ -8,7 +8,7 @@ import math
 import numpy as np
 import pytest
 
-from simpop.evaluation.metrics import (MetricsLogger, categorical_entropy, mean_ci, mean_token_entropy,
+from simpop.evaluation.metrics import (MetricsLogger, bootstrap_ci, categorical_entropy, mean_ci, mean_token_entropy,
                                        student_t_quantile, success_rate)
 
 
@@ -33,6 +33,21 @@ def test_mean_ci():
     assert wide[1] < narrow[1] < narrow[2] < wide[2]
     with pytest.raises(ValueError, match="level"):
         mean_ci([1, 2], level=95)
+
+
+def test_bootstrap_ci_covers_the_normal_interval_and_is_reproducible():
+    outcomes = [1] * 30 + [0] * 70  # a success rate of 0.3 over 100 dialogues
+    mean, lo, hi = bootstrap_ci([outcomes])
+    half = 1.96 * math.sqrt(0.3 * 0.7 / 100)
+    assert mean == pytest.approx(0.3) and lo == pytest.approx(0.3 - half, abs=0.02) and hi == pytest.approx(0.3 + half, abs=0.02)
+    values = list(np.random.default_rng(0).normal(size=50))
+    assert bootstrap_ci([outcomes]) == (mean, lo, hi) and bootstrap_ci([values], seed=1) != bootstrap_ci([values])
+    gap = bootstrap_ci([[1] * 40, [0] * 30 + [1] * 10], statistic=lambda a, b: float(a.mean() - b.mean()))
+    assert gap[0] == pytest.approx(0.75) and 0.55 < gap[1] < 0.75 < gap[2] < 0.95  # two samples, resampled apart
+    assert bootstrap_ci([[0.4]]) == (0.4, 0.4, 0.4)
+    assert all(math.isnan(x) for x in bootstrap_ci([[]])) and all(math.isnan(x) for x in bootstrap_ci([]))
+    with pytest.raises(ValueError, match="level"):
+        bootstrap_ci([outcomes], level=1.5)
 
 
 def test_entropies():

@@ -22,7 +22,7 @@ _TAU2 = {"scripted": "native", "smollm2-greedy": "frozen:smollm2?temperature=0.0
 #: Every shipped panel, pinned: a shipped panel never changes (a changed panel is a new -vN file).
 PINNED: dict[str, tuple[tuple[str, ...], dict[str, str]]] = {
     "p4g-act-v1": (("simpop/PersuasionAct-v0",), _HELDOUT),
-    "p4g-text-v1": (("simpop/Persuasion-v0",), {
+    "p4g-text-v1": (("simpop/Persuasion-v1", "simpop/Persuasion-v0"), {
         **_HELDOUT,
         "smollm2-T0.7": "frozen:smollm2?temperature=0.7&personas=heldout-300-4242",
         "smollm2-verbalized-k5": "verbalized:smollm2?k=5&personas=heldout-300-4242"}),

@@ -37,6 +37,38 @@ def test_comparison_status():
     assert Comparison("x", [0.3]).status == SAME_DIRECTION  # one seed: no interval, never significant
 
 
+def test_one_seed_compares_dialogue_by_dialogue_with_a_bootstrap_interval():
+    rng = np.random.default_rng(0)
+    n = 64
+
+    def one_seed(train: float, initial: float, heldout: float, zero_var: float, entropy: float) -> dict:
+        draw = lambda p: [int(x) for x in rng.random(n) < p]  # noqa: E731 - one evaluation's dialogues
+        train_o, initial_o, held_o = draw(train), draw(initial), draw(heldout)
+        return {"train_success": stat([np.mean(train_o)], [train_o]),
+                "initial_train_success": stat([np.mean(initial_o)], [initial_o]),
+                "heldout_success": stat([np.mean(held_o)], [held_o]),
+                "collapse_gap": stat([np.mean(train_o) - np.mean(held_o)], [train_o, held_o],
+                                     lambda a, b: float(a.mean() - b.mean())),
+                "initial_heldout_success": stat([0.3]), "policy_entropy": stat([entropy]),
+                "initial_policy_entropy": stat([2.0]),
+                "zero_var_frac": stat([zero_var], [list(zero_var + 0.05 * rng.standard_normal(20))])}
+
+    summary = {"frozen": {"description": "", "metrics": one_seed(0.9, 0.3, 0.3, 0.7, 0.3)},
+               "verbalized": {"description": "", "metrics": one_seed(0.5, 0.3, 0.7, 0.1, 1.5)}}
+    frozen = summary["frozen"]["metrics"]
+    assert frozen["train_success"]["unit"] == "unit" and frozen["train_success"]["ci_low"] < frozen["train_success"]["mean"]
+    assert frozen["collapse_gap"]["ci_low"] < frozen["collapse_gap"]["mean"] < frozen["collapse_gap"]["ci_high"]
+    assert "per_unit" not in frozen["collapse_gap"] and frozen["policy_entropy"]["unit"] == "seed"
+    a, b, c = judge_claims(summary)
+    assert [x.unit for x in a.comparisons] == ["dialogue", "dialogue"] and a.verdict == REPRODUCED
+    assert len(a.comparisons[0].differences) == n and a.comparisons[0].ci_low > 0
+    assert {x.unit for x in b.comparisons} == {"seed"} and b.verdict == INCONCLUSIVE  # no per-dialogue entropy
+    assert c.comparisons[0].unit == "update" and c.verdict == REPRODUCED
+    unpaired = dict(summary, verbalized={"description": "", "metrics": {**one_seed(0.5, 0.3, 0.7, 0.1, 1.5),
+                                                                       "heldout_success": stat([0.7])}})
+    assert judge_claims(unpaired)[0].comparisons[1].unit == "seed"  # no units on one side: per seed
+
+
 def test_paper_like_data_reproduces_every_claim():
     verdicts = judge_claims(_paper_like(noise=0.01))
     assert [v.claim for v in verdicts] == ["a", "b", "c"]

@@ -14,8 +14,9 @@ from simpop.envs.persuasion.simulators import ActPersuadee, TextPersuadee
 from simpop.envs.persuasion.trainable import TrainableActPersuadee
 from simpop.evaluation.metrics import WALL_CLOCK_KEYS
 from simpop.evaluation.report import SUMMARY_METRICS
-from simpop.experiments.collapse import (CONDITIONS, PANEL_TEMPERATURES, CollapseConfig, build_panel, build_trainer,
-                                         panel_specs, run_collapse, simulator_specs)
+from simpop.experiments.collapse import (CONDITIONS, PANEL_TEMPERATURES, TEXT_PANEL_LLM_TEMPERATURES, CollapseConfig,
+                                         build_panel, build_trainer, panel_specs, run_collapse, shared_model_members,
+                                         simulator_specs)
 from simpop.seat import SimulatorSpec
 from simpop.simulators.llm import LLMSimulator
 from simpop.simulators.population import PanelOverlapError, leaf_simulators
@@ -52,7 +53,8 @@ def test_outputs_and_schema(finished):
         assert condition["description"]
         for metric in SUMMARY_METRICS:
             stat = condition["metrics"][metric]
-            assert set(stat) == {"mean", "ci_low", "ci_high", "n", "per_seed"} and stat["n"] == 2
+            assert set(stat) == {"mean", "ci_low", "ci_high", "n", "per_seed", "unit"} and stat["n"] == 2
+            assert stat["unit"] == "seed"
             assert stat["ci_low"] <= stat["mean"] <= stat["ci_high"]
     assert [c["claim"] for c in summary["claims"]] == ["a", "b", "c"]
     assert all(c["verdict"] in ("reproduced", "inconclusive", "not reproduced") for c in summary["claims"])
@@ -111,7 +113,7 @@ def test_condition_simulators_and_panel():
 
 def _fake_text_backends(config):
     """Backends the text-level specs name, faked (building specs loads no model)."""
-    model = config.sim_model or config.model
+    model = config.sim_model or config.model.model
     return {model: FakeBackend(name=model), f"trainable:{model}": FakeTrainableBackend(name=model)}
 
 
@@ -120,9 +122,13 @@ def test_every_conditions_specs_build_simulators_held_out_from_the_panel(level):
     config = CollapseConfig(level=level, **TINY)
     env = make(config.env_id, **config.env_kwargs())
     backends = _fake_text_backends(config) if level == "text" else {}
-    panel = build_panel(config, env)
+    panel = build_panel(config, env, backends)
     assert list(panel.members) == list(panel_specs(config)) and panel.name == "p4g-heldout"
-    assert all(type(m) is (ActPersuadee if level == "act" else TextPersuadee) for _, m in panel)
+    shared = shared_model_members(config)
+    assert all(type(m) is (LLMSimulator if name in shared else ActPersuadee if level == "act" else TextPersuadee)
+               for name, m in panel)
+    # Text level: native text persuadees plus LLM members on held-out personas at another temperature.
+    assert shared == ([f"llm-heldout-T{t:g}" for t in TEXT_PANEL_LLM_TEMPERATURES] if level == "text" else [])
     kinds = {"act": {"frozen": ActPersuadee, "verbalized": Renormalised, "cotrain": TrainableActPersuadee,
                      "population": TrainableActPersuadee},
              "text": {"frozen": LLMSimulator, "verbalized": VerbalizedSimulator, "cotrain": TrainableLLMSimulator,
@@ -135,10 +141,15 @@ def test_every_conditions_specs_build_simulators_held_out_from_the_panel(level):
         assert all(type(s) is kinds[condition] for s in simulators)
         for s in leaf_simulators(simulators) + [m for _, m in panel]:
             assert SimulatorSpec.parse(str(s.spec)) == s.spec
-        panel.check_disjoint(simulators)  # raises PanelOverlapError if any member is not held out
+        panel.check_disjoint(simulators, shared_model=shared)  # raises PanelOverlapError if any is not held out
         # ... which it would if training shared a panel member's model, decoding and personas.
         with pytest.raises(PanelOverlapError):
-            panel.check_disjoint(simulators + build_many(list(panel_specs(config).values())[:1], env))
+            panel.check_disjoint(simulators + build_many(list(panel_specs(config).values())[:1], env),
+                                 shared_model=shared)
+        if shared and condition in ("frozen", "verbalized"):  # (trainable simulators' model is base + adapter)
+            # the LLM members share the one LLM: held out by persona and decoding, and only when allowed
+            with pytest.raises(PanelOverlapError, match="the model of every training simulator"):
+                panel.check_disjoint(simulators)
 
 
 def test_config_validation():
@@ -155,7 +166,9 @@ def test_config_validation():
 
 def test_nested_configs_take_level_defaults_and_partial_overrides(tmp_path):
     act, text = CollapseConfig(), CollapseConfig(level="text")
-    assert (act.grpo.group_size, text.grpo.group_size, act.grpo.max_new_tokens) == (8, 2, 24)
+    assert (act.grpo.group_size, text.grpo.group_size, act.grpo.max_new_tokens) == (8, 4, 24)
+    assert act.conditions == CONDITIONS and text.conditions == ("frozen", "verbalized")
+    assert text.env_id == "simpop/Persuasion-v1" and text.model.dtype in ("float32", "bfloat16")
     assert (act.cotrain.sim_lr, text.cotrain.sim_lr) == (0.05, 1e-4) and (act.model.lora, text.model.lora) == (False, True)
     config = CollapseConfig(grpo={"lr": 0.02}, cotrain={"population_size": 4})
     assert config.grpo.lr == 0.02 and config.grpo.group_size == 8 and config.cotrain.population_size == 4

@@ -18,7 +18,8 @@ from simpop.agents.base import Chat, SamplingParams
 from simpop.rollout import RolloutEngine
 from simpop.seat import SURVEY_KEY, Scores, Simulator, Survey, SurveyAnswerer, Trainable, survey_of
 from simpop.simulators.llm import DialogueFormat, LLMSimulator
-from tests.simulators.fakes import FakeBackend, FakeScenario, observation
+from simpop.simulators.verbalized import VerbalizedSimulator, renormalise
+from tests.simulators.fakes import FakeBackend, FakeScenario, observation, verbalized_json
 
 OPTIONS = ("$0.00", "$0.50", "$1.00", "$2.00")
 SURVEY = Survey("How much of your $2 do you donate? Answer with one of: " + ", ".join(OPTIONS) + ".", OPTIONS)
@@ -223,6 +224,43 @@ class NeverAsks:
         return ["Children in need would be so grateful for any help." for _ in observations]
 
 
+def test_verbalized_survey_answers_from_the_stated_distribution_over_the_options():
+    def respond(chat: Chat, params: SamplingParams, rng: np.random.Generator) -> str:
+        # Options are matched up to case and whitespace; a repeated option adds up; an unknown text is ignored.
+        return verbalized_json(("$1.00", 0.5), (" $2.00", 0.2), ("$1.00 ", 0.1), ("a hundred", 0.2))
+
+    backend = FakeBackend(respond=respond)
+    sim = VerbalizedSimulator(backend, k=3, floor=0.01, tau=1.0)
+    sim.reset_batch([FakeScenario()] * 2000, rngs(2000))
+    (probs,) = sim.survey_distribution([survey_observation("Would you donate?")], [0], [SURVEY])
+    assert probs == pytest.approx(renormalise([0.0, 0.0, 0.6 / 0.8, 0.2 / 0.8], 0.01, 1.0))
+    chats, params = backend.calls[-1]
+    assert params.json_schema["properties"]["responses"]["items"]["properties"]["text"]["enum"] == list(OPTIONS)
+    assert params.json_schema["properties"]["responses"]["minItems"] == 3
+    assert chats[0][-1]["content"] == SURVEY.question and all(json.dumps(o) in chats[0][0]["content"] for o in OPTIONS)
+    answers = sim.act_batch([survey_observation("Would you donate?")] * 2000, list(range(2000)))
+    freq = [answers.count(o) / len(answers) for o in OPTIONS]
+    assert freq == pytest.approx(probs, abs=0.03)
+    assert sim.stats["survey_calls"] == 2001 and sim.stats["survey_fallbacks"] == 0 and sim.stats["surveys"] == 2000
+    unconstrained = VerbalizedSimulator(FakeBackend(respond=respond), constrained=False)
+    unconstrained.reset(FakeScenario(), np.random.default_rng(0))
+    unconstrained.survey_distribution([survey_observation("hi")], [0], [SURVEY])
+    assert unconstrained.backend.calls[-1][1].json_schema is None
+
+
+def test_a_verbalized_survey_answer_naming_no_option_falls_back_to_scoring_or_free_text():
+    backend = ScoringBackend(respond=lambda chat, params, rng: "I am not sure, maybe something.")
+    sim = VerbalizedSimulator(backend, fallback_temperature=1.0)
+    sim.reset(FakeScenario(), np.random.default_rng(0))
+    (probs,) = sim.survey_distribution([survey_observation("hi")], [0], [SURVEY])
+    assert probs == pytest.approx([STATED[o] for o in OPTIONS])  # the options' log-probs at temperature 1
+    assert sim.stats["survey_fallbacks"] == 1 and sim.stats["survey_scored"] == 1
+    free = VerbalizedSimulator(FakeBackend(respond=lambda chat, params, rng: "" if params.json_schema else "$2"))
+    free.reset(FakeScenario(), np.random.default_rng(0))
+    assert free.act(survey_observation("hi")) == "$2"  # cannot score: a plain free-text answer, not JSON
+    assert free.stats["survey_fallbacks"] == 1 and free.stats["survey_unscored"] == 1
+
+
 def near_a_dollar(prompt: str, option: str) -> float:
     from simpop.envs.persuasion.env import read_survey_answer
 
@@ -307,3 +345,22 @@ def test_smollm2_kv_cache_scores_equal_full_sequence_scores(smollm2):
     cached, = _score_options(smollm2, [(chat, options)])
     full, = _score_options(TokenLogprobsOnly(), [(chat, options)])
     assert cached == pytest.approx(full, abs=2e-3)
+
+
+@pytest.mark.slow
+def test_smollm2_verbalized_survey_answers_vary_where_greedy_ones_do_not(smollm2):
+    """The acceptance check: the frozen-greedy simulator answers a survey one way, the verbalized one does not."""
+    scenario, obs = _p4g_survey_observation()
+    n = 8
+    greedy, verbalized = LLMSimulator(smollm2), VerbalizedSimulator(smollm2, k=3)
+    greedy_answers, verbalized_answers = set(), set()
+    for seed in (0, 1):
+        greedy.reset_batch([scenario] * n, rngs(n, seed))
+        greedy_answers.update(greedy.act_batch([obs] * n, list(range(n))))
+        verbalized.reset_batch([scenario] * n, rngs(n, seed))
+        verbalized_answers.update(verbalized.act_batch([obs] * n, list(range(n))))
+    survey = survey_of(obs)
+    assert len(greedy_answers) == 1 and len(verbalized_answers) > 1 and verbalized_answers <= set(survey.options)
+    assert verbalized.stats["survey_fallbacks"] == 0 and verbalized.stats["survey_calls"] == 2 * n
+    (probs,) = verbalized.survey_distribution([obs], [0], [survey])
+    assert max(probs) < 1.0 and sum(p > 0.05 for p in probs) >= 2

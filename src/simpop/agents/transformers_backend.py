@@ -46,6 +46,16 @@ if TYPE_CHECKING:
     from simpop.agents.kv_buffer import LayerCache
 
 DTYPES = ("float32", "bfloat16")
+
+
+def cpu_dtype() -> str:
+    """``"bfloat16"`` when this CPU has bf16 instructions (AVX512-BF16 or AMX, read from ``/proc/cpuinfo``;
+    PEFT keeps LoRA adapters in float32 either way), else ``"float32"``."""
+    try:
+        flags = Path("/proc/cpuinfo").read_text()
+    except OSError:  # not Linux: no way to tell, so the exact one
+        return "float32"
+    return "bfloat16" if ("avx512_bf16" in flags or "amx_bf16" in flags) else "float32"
 #: Attention and MLP projections of Llama-style models (SmolLM2, Qwen, Llama, Mistral).
 DEFAULT_LORA_TARGETS = ("q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj")
 _MANIFEST = "simpop_backend.json"

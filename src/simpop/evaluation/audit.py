@@ -40,7 +40,7 @@ import numpy as np
 from simpop.evaluation.diversity import Embedder, distinct_n, label_entropy, load_embedder, semantic_diversity
 
 DEFAULT_SIMULATORS = ("frozen:smollm2", "verbalized:smollm2?k=5", "frozen:smollm2?temperature=1.0")
-DEFAULT_ENV = "simpop/Persuasion-v0"
+DEFAULT_ENV = "simpop/Persuasion-v1"
 
 
 @dataclass(frozen=True)

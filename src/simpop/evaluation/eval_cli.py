@@ -6,7 +6,7 @@ Examples::
         --seed 0 --out evals/grpo
     simpop eval --env simpop/Tau2-mock-v0 --policy openai:http://127.0.0.1:8000/v1#my-agent \\
         --panel tau2-mock-v1 --num-trials 4 --concurrency 16 --out evals/agent
-    simpop eval --env simpop/Persuasion-v0 --policy reference --panel my_panel.yaml --episodes 50 --out evals/ref
+    simpop eval --env simpop/Persuasion-v1 --policy reference --panel my_panel.yaml --episodes 50 --out evals/ref
     simpop eval compare evals/ref evals/grpo
 
 ``--policy`` forms: :mod:`simpop.evaluation.policies`. ``--panel``: a shipped panel's name

@@ -1,7 +1,8 @@
 """Scalar metrics and the per-step metrics log.
 
 ``success_rate`` and ``wilson_ci`` summarise episodes (a success rate with a Wilson score interval, which
-stays within [0, 1]); ``mean_ci`` (Student-t) summarises per-seed values; ``categorical_entropy`` and
+stays within [0, 1]); ``mean_ci`` (Student-t) summarises per-seed values, ``bootstrap_ci`` the dialogues of
+one seed; ``categorical_entropy`` and
 ``mean_token_entropy`` are the policy-entropy diagnostics (DESIGN.md §3 Evaluation);
 :class:`MetricsLogger` writes ``metrics.jsonl`` (one JSON object per step) and, when TensorBoard is
 installed, the same scalars as TensorBoard events.
@@ -11,7 +12,7 @@ from __future__ import annotations
 
 import json
 import math
-from collections.abc import Iterable, Sequence
+from collections.abc import Callable, Iterable, Sequence
 from pathlib import Path
 from statistics import NormalDist
 from typing import Any
@@ -77,6 +78,31 @@ def mean_ci(values: Sequence[float], level: float = 0.95) -> tuple[float, float,
         return mean, mean, mean
     half = student_t_quantile(0.5 + level / 2, df=x.size - 1) * float(x.std(ddof=1)) / math.sqrt(x.size)
     return mean, mean - half, mean + half
+
+
+def bootstrap_ci(samples: Sequence[Sequence[float]], statistic: Callable[..., float] | None = None,
+                 level: float = 0.95, resamples: int = 4000, seed: int = 0) -> tuple[float, float, float]:
+    """``statistic`` of ``samples`` and its percentile-bootstrap interval ``(value, lo, hi)``.
+
+    Each sample (e.g. one evaluation's per-dialogue outcomes) is resampled with replacement on its own,
+    ``resamples`` times with a generator seeded by ``seed`` (the same data give the same interval);
+    ``statistic`` takes one array per sample (default: the mean of the one sample). For paired data pass
+    the per-unit differences as one sample. An empty sample gives NaN for all three; a sample of one value
+    gives an interval of zero width (no spread can be estimated).
+    """
+    if not 0 < level < 1:
+        raise ValueError(f"level must be in (0, 1), e.g. 0.95; got {level}")
+    if resamples < 1:
+        raise ValueError(f"resamples must be >= 1, got {resamples}")
+    arrays = [np.asarray(s, dtype=float) for s in samples]
+    if not arrays or any(a.size == 0 for a in arrays):
+        return math.nan, math.nan, math.nan
+    statistic = statistic or (lambda a: float(a.mean()))
+    rng = np.random.default_rng(seed)
+    draws = [a[rng.integers(0, a.size, size=(resamples, a.size))] for a in arrays]
+    values = np.array([statistic(*(d[i] for d in draws)) for i in range(resamples)])
+    lo, hi = np.quantile(values, [0.5 - level / 2, 0.5 + level / 2])
+    return float(statistic(*arrays)), float(lo), float(hi)
 
 
 def student_t_quantile(q: float, df: int) -> float:

@@ -15,6 +15,13 @@ success minus frozen held-out success), and its mean gets a two-sided 95% Studen
 A claim is ``reproduced`` when every comparison supports it, ``not reproduced`` when any comparison
 contradicts it, and ``inconclusive`` otherwise (right direction, not significant with these seeds).
 The claims and their comparisons are spelled out in :func:`judge_claims`; nothing is hard-coded.
+
+**One seed** (e.g. the text level's budget): a per-seed interval cannot be estimated, so where the summary
+holds the units *inside* the seed (``per_unit``: each evaluation dialogue's success, each update's
+zero-variance fraction) the comparison is paired by unit instead, dialogue by dialogue (evaluations replay
+the same scenarios and reset seeds) or update by update, and its interval is a percentile bootstrap over the
+units (:func:`simpop.evaluation.metrics.bootstrap_ci`). Policy entropy has no per-dialogue values, so its
+comparisons keep the (degenerate) one-seed interval and can only point the same direction.
 """
 
 from __future__ import annotations
@@ -27,7 +34,7 @@ from typing import Any
 
 import numpy as np
 
-from simpop.evaluation.metrics import mean_ci
+from simpop.evaluation.metrics import bootstrap_ci, mean_ci
 
 #: The baseline condition and the fixes it is compared with.
 FROZEN = "frozen"
@@ -45,28 +52,46 @@ SUMMARY_METRICS = {
     "collapse_gap": "collapse gap",
     "policy_entropy": "policy entropy (nats)",
     "zero_var_frac": "zero-variance groups",
+    "train_rise": "training success rise",
 }
 
 
-def stat(values: Sequence[float]) -> dict[str, Any]:
-    """``{"mean", "ci_low", "ci_high", "n", "per_seed"}`` of per-seed values (95% Student-t CI)."""
-    mean, lo, hi = mean_ci([float(v) for v in values])
-    return {"mean": mean, "ci_low": lo, "ci_high": hi, "n": len(values), "per_seed": [float(v) for v in values]}
+def stat(values: Sequence[float], units: Sequence[Sequence[float]] | None = None,
+         statistic: Any = None) -> dict[str, Any]:
+    """``{"mean", "ci_low", "ci_high", "n", "per_seed", "unit"}`` of per-seed values (95% Student-t CI).
+
+    With one seed and ``units`` (the samples inside it, e.g. one evaluation's per-dialogue successes; two
+    samples for a difference such as the collapse gap, with ``statistic`` of both), the interval is a
+    percentile bootstrap over those units instead; ``per_unit`` keeps a single sample for paired comparisons.
+    """
+    values = [float(v) for v in values]
+    summary = {"n": len(values), "per_seed": values, "unit": "seed"}
+    if len(values) == 1 and units is not None and all(len(u) > 1 for u in units):
+        _, lo, hi = bootstrap_ci(units, statistic)
+        summary.update(mean=values[0], ci_low=lo, ci_high=hi, unit="unit")
+        if len(units) == 1:
+            summary["per_unit"] = [float(u) for u in units[0]]
+        return summary
+    mean, lo, hi = mean_ci(values)
+    return {"mean": mean, "ci_low": lo, "ci_high": hi, **summary}
 
 
 @dataclass
 class Comparison:
-    """One paired test: per-seed differences oriented so that > 0 supports the claim."""
+    """One paired test: differences oriented so that > 0 supports the claim, per seed (Student-t interval)
+    or, with one seed, per unit inside it (``unit`` ``"dialogue"`` or ``"update"``: bootstrap interval)."""
 
     label: str
     differences: list[float]
+    unit: str = "seed"
     mean: float = math.nan
     ci_low: float = math.nan
     ci_high: float = math.nan
     status: str = CONTRADICTS
 
     def __post_init__(self) -> None:
-        self.mean, self.ci_low, self.ci_high = mean_ci(self.differences)
+        self.mean, self.ci_low, self.ci_high = (mean_ci(self.differences) if self.unit == "seed"
+                                                else bootstrap_ci([self.differences]))
         if not math.isfinite(self.mean) or self.mean <= 0:
             self.status = CONTRADICTS
         elif self.ci_low > 0 and len(self.differences) > 1:
@@ -99,6 +124,23 @@ def _per_seed(conditions: Mapping[str, Any], condition: str, metric: str) -> np.
     return np.asarray(conditions[condition]["metrics"][metric]["per_seed"], dtype=float)
 
 
+#: What the per-unit values of a metric are (the unit of a one-seed comparison).
+UNITS = {"train_success": "dialogue", "heldout_success": "dialogue", "initial_train_success": "dialogue",
+         "initial_heldout_success": "dialogue", "zero_var_frac": "update"}
+
+
+def _compare(conditions: Mapping[str, Any], label: str, plus: tuple[str, str], minus: tuple[str, str],
+             scale: float = 1.0) -> Comparison:
+    """``scale * plus - minus`` (each a (condition, metric)), per seed; with one seed, per unit when both
+    sides hold paired units (same metric unit, same count), with a bootstrap interval."""
+    a, b = (conditions[c]["metrics"][m] for c, m in (plus, minus))
+    units = a.get("per_unit"), b.get("per_unit")
+    if (len(a["per_seed"]) == 1 and units[0] is not None and units[1] is not None and len(units[0]) == len(units[1])
+            and UNITS.get(plus[1]) == UNITS.get(minus[1]) is not None):
+        return Comparison(label, [scale * x - y for x, y in zip(*units)], UNITS[plus[1]])
+    return Comparison(label, list(scale * _per_seed(conditions, *plus) - _per_seed(conditions, *minus)))
+
+
 def judge_claims(conditions: Mapping[str, Any]) -> list[Verdict]:
     """The three claims of the paper, tested on a summary's ``conditions`` (see the module docstring).
 
@@ -113,36 +155,36 @@ def judge_claims(conditions: Mapping[str, Any]) -> list[Verdict]:
     if FROZEN not in conditions:
         raise ValueError(f"the summary has no {FROZEN!r} condition; claims compare every fix with it")
     fixes = [f for f in FIXES if f in conditions]
-    ps = lambda c, m: _per_seed(conditions, c, m)  # noqa: E731 - local shorthand
+    cmp = lambda label, plus, minus, scale=1.0: _compare(conditions, label, plus, minus, scale)  # noqa: E731
 
     a = Verdict("a", "Under the frozen simulator, training success rises while held-out success ends below "
                      "both fixes.")
-    a.comparisons.append(Comparison("frozen: final - initial training-sim success",
-                                    list(ps(FROZEN, "train_success") - ps(FROZEN, "initial_train_success"))))
+    a.comparisons.append(cmp("frozen: final - initial training-sim success", (FROZEN, "train_success"),
+                             (FROZEN, "initial_train_success")))
     for fix in fixes:
-        a.comparisons.append(Comparison(f"held-out success: {fix} - frozen",
-                                        list(ps(fix, "heldout_success") - ps(FROZEN, "heldout_success"))))
+        a.comparisons.append(cmp(f"held-out success: {fix} - frozen", (fix, "heldout_success"),
+                                 (FROZEN, "heldout_success")))
 
     b = Verdict("b", "The frozen simulator's policy entropy falls toward zero and stays above zero under the "
                      "fixes.")
-    initial, final = ps(FROZEN, "initial_policy_entropy"), ps(FROZEN, "policy_entropy")
-    b.comparisons.append(Comparison("frozen: initial - final entropy", list(initial - final)))
-    b.comparisons.append(Comparison(f"frozen: {ENTROPY_COLLAPSE_RATIO:g} x initial - final entropy",
-                                    list(ENTROPY_COLLAPSE_RATIO * initial - final)))
+    b.comparisons.append(cmp("frozen: initial - final entropy", (FROZEN, "initial_policy_entropy"),
+                             (FROZEN, "policy_entropy")))
+    b.comparisons.append(cmp(f"frozen: {ENTROPY_COLLAPSE_RATIO:g} x initial - final entropy",
+                             (FROZEN, "initial_policy_entropy"), (FROZEN, "policy_entropy"), ENTROPY_COLLAPSE_RATIO))
     for fix in fixes:
-        b.comparisons.append(Comparison(f"final entropy: {fix} - frozen",
-                                        list(ps(fix, "policy_entropy") - final)))
+        b.comparisons.append(cmp(f"final entropy: {fix} - frozen", (fix, "policy_entropy"),
+                                 (FROZEN, "policy_entropy")))
 
     c = Verdict("c", "The frozen simulator's zero-variance group fraction is higher.")
     for fix in fixes:
-        c.comparisons.append(Comparison(f"zero-variance fraction: frozen - {fix}",
-                                        list(ps(FROZEN, "zero_var_frac") - ps(fix, "zero_var_frac"))))
+        c.comparisons.append(cmp(f"zero-variance fraction: frozen - {fix}", (FROZEN, "zero_var_frac"),
+                                 (fix, "zero_var_frac")))
     return [a, b, c]
 
 
 # ============================================================================================ markdown
-def _cell(s: Mapping[str, Any], digits: int = 3) -> str:
-    if not math.isfinite(s["mean"]):
+def _cell(s: Mapping[str, Any] | None, digits: int = 3) -> str:
+    if s is None or not math.isfinite(s["mean"]):  # None: a summary written before the metric existed
         return "n/a"
     return f"{s['mean']:.{digits}f} [{s['ci_low']:.{digits}f}, {s['ci_high']:.{digits}f}]"
 
@@ -152,7 +194,7 @@ def summary_table(conditions: Mapping[str, Any]) -> str:
     head = "| condition | " + " | ".join(SUMMARY_METRICS.values()) + " |"
     rows = [head, "|" + "---|" * (len(SUMMARY_METRICS) + 1)]
     for name, cond in conditions.items():
-        rows.append(f"| {name} | " + " | ".join(_cell(cond["metrics"][m]) for m in SUMMARY_METRICS) + " |")
+        rows.append(f"| {name} | " + " | ".join(_cell(cond["metrics"].get(m)) for m in SUMMARY_METRICS) + " |")
     return "\n".join(rows)
 
 
@@ -183,15 +225,17 @@ def render_report(summary: Mapping[str, Any], verdicts: Sequence[Verdict], plots
         f"{setup['eval_every']} updates on {setup['eval_episodes']} dialogues per panel member and on the "
         f"training simulator(s). Wall time {summary['wall_time_s']:.0f} s.",
         "",
-        "Values are the mean over seeds with a 95% Student-t CI"
-        + (" (one seed: the intervals collapse to the value, and no claim can be significant)"
-           if len(setup["seeds"]) == 1 else "")
+        ("Values are the mean over seeds with a 95% Student-t CI" if len(setup["seeds"]) > 1 else
+         "One seed: values are that seed's, with 95% percentile-bootstrap CIs over the evaluation dialogues "
+         "(successes, collapse gap) and the updates (zero-variance groups); comparisons are paired by dialogue or "
+         "update. Policy entropy has no per-dialogue values: its interval collapses to the value")
         + ". *Final* = the last evaluation. "
         "Collapse gap = training-simulator success - held-out success. Policy entropy = "
         + ("mean per-token entropy (nats) of the policy's generated tokens" if setup["level"] == "text"
            else "mean entropy (nats) of the policy's action distribution over its decisions")
         + " in the held-out dialogues. Zero-variance groups = share of GRPO groups whose rewards were all "
-        "equal, averaged over all updates.",
+        "equal, averaged over all updates. Training success rise = the training batches' success in the second "
+        "half of the updates minus the first half (the learning signal on the training simulator(s) itself).",
         "",
         "## Summary (final values)",
         "",
@@ -199,7 +243,8 @@ def render_report(summary: Mapping[str, Any], verdicts: Sequence[Verdict], plots
         "",
         "## Verdicts",
         "",
-        "Each claim is tested with paired-by-seed differences (see `simpop.evaluation.report`): "
+        "Each claim is tested with paired differences (by seed; with one seed by dialogue or update; see "
+        "`simpop.evaluation.report`): "
         "*reproduced* = every comparison's CI lies above 0; *not reproduced* = some comparison's mean "
         "goes the other way; *inconclusive* = the right direction without significance. "
         + ", ".join(f"{n} {k}" for k, n in counts.items()) + ".",

@@ -36,7 +36,16 @@ training simulator in persona, decoding and model (checked by :meth:`Panel.check
   intercept and amount shift recalibrated (:func:`~simpop.envs.persuasion.model.calibrate`) so that a
   corpus-like persuader still gets the corpus donor rate on the held-out personas: other people who
   give as often but respond to different strategies. At text level the panel is the same three models
-  realised as text (:class:`~simpop.envs.persuasion.simulators.TextPersuadee`).
+  realised as text (:class:`~simpop.envs.persuasion.simulators.TextPersuadee`) plus the LLM sampled at
+  :data:`TEXT_PANEL_LLM_TEMPERATURES` playing the held-out personas: it is the training simulators' model
+  (the one embedded LLM), so it is held out by persona and decoding only (``shared_model`` in
+  :meth:`Panel.check_disjoint`).
+
+**Text level** (``--level text``, ``simpop/Persuasion-v1``: every dialogue ends with an outcome, stated or
+from the closing survey): a preset sized for about an hour on two CPU cores (16 updates of 4 x 4 dialogues,
+2 persuader turns, evaluations of 16 dialogues per member at updates 0, 8 and 16, frozen and verbalized; one
+seed, so CIs are bootstraps over dialogues and updates). The policy is SmolLM2 with LoRA (bf16 weights where
+the CPU has bf16 instructions, prefix cache on).
 
 Outputs in ``out``: ``metrics.jsonl`` (every update's training metrics and every evaluation, tagged
 with condition and seed), ``summary.json``, ``report.md`` (tables and claim verdicts computed from the
@@ -67,18 +76,27 @@ CONDITIONS = ("frozen", "verbalized", "cotrain", "population")
 PANEL_TEMPERATURES = (0.8, 0.9, 1.2)
 #: Spread (log-scale sd) of the held-out models' parameter jitter.
 PANEL_JITTER = 0.35
-ENV_IDS = {"act": "simpop/PersuasionAct-v0", "text": "simpop/Persuasion-v0"}
+#: Text level: LLM members added to the panel (held-out personas, these temperatures); they share the
+#: training simulators' model (the one embedded LLM), so they are held out by persona and decoding only.
+TEXT_PANEL_LLM_TEMPERATURES = (0.7,)
+ENV_IDS = {"act": "simpop/PersuasionAct-v0", "text": "simpop/Persuasion-v1"}
 #: Defaults that depend on the level (fields left at None take these).
 LEVEL_DEFAULTS: dict[str, dict[str, Any]] = {
-    "act": {"seeds": 5, "updates": 200, "eval_every": 20, "eval_episodes": 64, "max_turns": 10, "workers": 2},
-    "text": {"seeds": 1, "updates": 2, "eval_every": 1, "eval_episodes": 2, "max_turns": 2, "workers": 1},
+    "act": {"seeds": 5, "updates": 200, "eval_every": 20, "eval_episodes": 64, "max_turns": 10, "workers": 2,
+            "conditions": CONDITIONS},
+    # Sized to finish within an hour on two CPU cores (docs/text-collapse.md has the measured run).
+    "text": {"seeds": 1, "updates": 16, "eval_every": 8, "eval_episodes": 16, "max_turns": 2, "workers": 1,
+             "conditions": ("frozen", "verbalized")},
 }
 
 
 def default_grpo(level: str) -> GRPOConfig:
     """The policy trainer's settings at ``level`` when the experiment names none (the seed is set per run)."""
-    size = 8 if level == "act" else 2
-    return GRPOConfig(group_size=size, scenarios_per_update=size, max_new_tokens=24)
+    if level == "act":
+        return GRPOConfig(group_size=8, scenarios_per_update=8, max_new_tokens=24)
+    # 16 updates is a short run: a LoRA learning rate of 5e-4 (GRPOConfig's LoRA default is 1e-4), set before
+    # any text-level result was seen.
+    return GRPOConfig(group_size=4, scenarios_per_update=4, max_new_tokens=24, lr=5e-4)
 
 
 def default_cotrain(level: str) -> CoTrainConfig:
@@ -88,8 +106,13 @@ def default_cotrain(level: str) -> CoTrainConfig:
 
 
 def default_model(level: str) -> ModelConfig:
-    """The policy model at ``level`` (text: a LoRA adapter on the embedded model; the adapter is named per seed)."""
-    return ModelConfig(lora=level == "text")
+    """The policy model at ``level`` (text: a LoRA adapter on the embedded model, bf16 weights where the CPU has
+    bf16 instructions; the adapter is named per seed)."""
+    if level == "act":
+        return ModelConfig()
+    from simpop.agents.transformers_backend import cpu_dtype
+
+    return ModelConfig(lora=True, dtype=cpu_dtype())
 
 
 @dataclass(frozen=True)
@@ -99,22 +122,26 @@ class CollapseConfig:
 
     Attributes:
         level: ``act`` (P4G dialogue acts, minutes on a CPU) or ``text`` (free text with LLMs).
-        seeds: Seeds per condition (the same seeds for every condition); None: act 5, text 1.
+        seeds: Seeds per condition (the same seeds for every condition); None: act 5, text 1 (one seed: CIs
+            are bootstraps over the evaluation dialogues, see :mod:`simpop.evaluation.report`).
         first_seed: The first seed; seeds are ``first_seed .. first_seed + seeds - 1``.
-        conditions: Conditions to run, a subset of frozen, verbalized, cotrain, population.
-        updates: Policy updates per run (the equal budget); None: act 200, text 2.
-        eval_every: Updates between evaluations (also at 0 and at the end); None: act 20, text 1.
+        conditions: Conditions to run, a subset of frozen, verbalized, cotrain, population; None: all four at
+            the act level, frozen and verbalized at the text level (what fits in an hour on two CPU cores).
+        updates: Policy updates per run (the equal budget); None: act 200, text 16.
+        eval_every: Updates between evaluations (also at 0 and at the end); None: act 20, text 8.
         eval_episodes: Dialogues per panel member and on the training simulator per evaluation; None:
-            act 64, text 2.
+            act 64, text 16.
         max_turns: Persuader turns per dialogue; None: act 10, text 2.
         grpo: The policy trainer of every condition (:class:`~simpop.train.grpo.GRPOConfig`; its ``seed`` is
             set per run, its ``max_new_tokens`` is also the text simulators' budget); a mapping replaces fields
-            of the level default (:func:`default_grpo`: act 8 x 8 dialogues, text 2 x 2; 24 new tokens).
+            of the level default (:func:`default_grpo`: act 8 x 8 dialogues, text 4 x 4 with LoRA lr 5e-4; 24
+            new tokens).
         cotrain: Population co-training (:class:`~simpop.train.cotrain.CoTrainConfig`); the cotrain condition
             uses it with population_size 1 and no pool. A mapping replaces fields of :func:`default_cotrain`
             (K = 3, pool 5 sampled 25%, snapshot every 10, sim_lr act 0.05 / text 1e-4, KL 0.1, target 0.5).
-        model: The policy model (:class:`~simpop.agents.policy.ModelConfig`; text level: the model, dtype and
-            LoRA settings; act level: hidden_size); a mapping replaces fields of :func:`default_model`.
+        model: The policy model (:class:`~simpop.agents.policy.ModelConfig`; text level: the model, dtype (default
+            bf16 where the CPU has it) and LoRA settings; act level: hidden_size); a mapping replaces fields of
+            :func:`default_model`.
         verbalized_tau: Temperature of the verbalized renormalisation.
         verbalized_floor: Probability floor of the verbalized renormalisation.
         verbalized_k: Candidates the text-level verbalized simulator is asked for.
@@ -130,7 +157,7 @@ class CollapseConfig:
     level: Literal["act", "text"] = "act"
     seeds: int | None = None
     first_seed: int = 0
-    conditions: tuple[str, ...] = CONDITIONS
+    conditions: tuple[str, ...] | None = None
     updates: int | None = None
     eval_every: int | None = None
     eval_episodes: int | None = None
@@ -218,12 +245,22 @@ def simulator_specs(condition: str, config: CollapseConfig) -> dict[str, str]:
 def panel_specs(config: CollapseConfig) -> dict[str, str]:
     """Name -> spec of each held-out panel member (the same for every condition and seed)."""
     personas = f"heldout-{config.heldout_personas}-{config.heldout_seed}"
-    return {f"heldout-{i}-T{t:g}": f"persuadee:heldout-{i}?temperature={t!r}&personas={personas}"
-                                   f"&jitter={PANEL_JITTER!r}&model_seed={config.heldout_seed}"
-            for i, t in enumerate(PANEL_TEMPERATURES)}
+    members = {f"heldout-{i}-T{t:g}": f"persuadee:heldout-{i}?temperature={t!r}&personas={personas}"
+                                      f"&jitter={PANEL_JITTER!r}&model_seed={config.heldout_seed}"
+               for i, t in enumerate(PANEL_TEMPERATURES)}
+    if config.level == "text":
+        model, tokens = config.sim_model or config.model.model, config.grpo.max_new_tokens
+        members.update({f"llm-heldout-T{t:g}": f"frozen:{model}?temperature={t!r}&personas={personas}"
+                                               f"&max_new_tokens={tokens}" for t in TEXT_PANEL_LLM_TEMPERATURES})
+    return members
 
 
-def _backends(config: CollapseConfig) -> dict[str, Any]:
+def shared_model_members(config: CollapseConfig) -> list[str]:
+    """Panel members that share the training simulators' model (text level: the LLM members)."""
+    return [name for name in panel_specs(config) if name.startswith("llm-")]
+
+
+def simulator_backends(config: CollapseConfig) -> dict[str, Any]:
     """Text level: the simulators' models loaded with the experiment's dtype and a prefix cache."""
     model = config.sim_model or config.model.model
     if config.level == "act" or model.startswith("openai:"):  # HTTP backends take no dtype
@@ -236,8 +273,10 @@ def _backends(config: CollapseConfig) -> dict[str, Any]:
             f"trainable:{model}": TransformersBackend(model, dtype=dtype, prefix_cache=cache)}
 
 
-def build_trainer(condition: str, config: CollapseConfig, seed: int, env: Any):
-    """The trainer of one condition and seed: GRPO against the condition's simulator, or co-training."""
+def build_trainer(condition: str, config: CollapseConfig, seed: int, env: Any,
+                  backends: dict[str, Any] | None = None):
+    """The trainer of one condition and seed: GRPO against the condition's simulator, or co-training
+    (``backends``: the simulators' loaded models, :func:`simulator_backends`)."""
     from simpop.agents.policy import build_policy
     from simpop.simulators.registry import build_many
     from simpop.train.cotrain import CoTrainer
@@ -246,7 +285,8 @@ def build_trainer(condition: str, config: CollapseConfig, seed: int, env: Any):
     grpo = dataclasses.replace(config.grpo, seed=seed)
     model = dataclasses.replace(config.model, adapter=f"policy{seed}")
     policy = build_policy(env, model, grpo.sampling(), seed)
-    simulators = build_many(simulator_specs(condition, config), env, _backends(config))
+    simulators = build_many(simulator_specs(condition, config), env,
+                            simulator_backends(config) if backends is None else backends)
     if condition in ("frozen", "verbalized"):
         return GRPOTrainer(config.env_id, policy, simulators[0], grpo, env_kwargs=config.env_kwargs())
     cotrain = config.cotrain if condition == "population" else dataclasses.replace(
@@ -255,11 +295,12 @@ def build_trainer(condition: str, config: CollapseConfig, seed: int, env: Any):
                      cotrain)
 
 
-def build_panel(config: CollapseConfig, env: Any):
+def build_panel(config: CollapseConfig, env: Any, backends: dict[str, Any] | None = None):
     """The held-out :class:`~simpop.simulators.population.Panel` (same for every condition and seed)."""
     from simpop.simulators.registry import load_panel
 
-    return load_panel({"name": "p4g-heldout", "members": panel_specs(config)}, env)
+    return load_panel({"name": "p4g-heldout", "members": panel_specs(config)}, env,
+                      simulator_backends(config) if backends is None else backends)
 
 
 def run_one(config: CollapseConfig, condition: str, seed: int, out: Path, resume: bool,
@@ -285,9 +326,10 @@ def run_one(config: CollapseConfig, condition: str, seed: int, out: Path, resume
     try:
         torch.manual_seed(seed)
         env = make(config.env_id, **config.env_kwargs())
-        trainer = build_trainer(condition, config, seed, env)
-        panel = build_panel(config, env)
-        panel.check_disjoint([trainer.training_simulator])
+        backends = simulator_backends(config)  # one copy of the simulators' model for training and the panel
+        trainer = build_trainer(condition, config, seed, env, backends)
+        panel = build_panel(config, env, backends)
+        panel.check_disjoint([trainer.training_simulator], shared_model=shared_model_members(config))
         eval_seed = 1_000_003 + seed  # the same dialogues at every evaluation, for every condition
 
         def evaluation(step: int) -> dict[str, Any]:
@@ -296,7 +338,10 @@ def run_one(config: CollapseConfig, condition: str, seed: int, out: Path, resume
                              eval_seed, config.env_kwargs())
             return {"heldout_success": held.success, "train_success": train.success,
                     "collapse_gap": train.success - held.success, "policy_entropy": held.entropy,
-                    **{f"heldout/{k}": v for k, v in held.per_member.items()}}
+                    **{f"heldout/{k}": v for k, v in held.per_member.items()},
+                    # per dialogue, in a fixed order (the same scenarios and seeds at every evaluation)
+                    "heldout_outcomes": [int(r.success) for r in held.records],
+                    "train_outcomes": [int(r.success) for r in train.records]}
 
         loop = LoopConfig(save_every=config.eval_every, keep_checkpoints=2, eval_every=config.eval_every,
                           tensorboard=False)
@@ -329,6 +374,7 @@ def summarise(records: Sequence[dict[str, Any]], config: CollapseConfig, descrip
     conditions: dict[str, Any] = {}
     for condition in config.conditions:
         values: dict[str, list[float]] = {}
+        units: dict[str, list[list[float]] | None] = {}  # one seed: the dialogues / updates inside it
         for seed in config.seed_list:
             mine = [r for r in records if r["condition"] == condition and r["seed"] == seed]
             evals = sorted((r for r in mine if r["kind"] == "eval"), key=lambda r: r["step"])
@@ -341,15 +387,27 @@ def summarise(records: Sequence[dict[str, Any]], config: CollapseConfig, descrip
                    "zero_var_frac": float(np.mean([r["zero_var_frac"] for r in trains])),
                    "initial_train_success": first["train_success"],
                    "initial_heldout_success": first["heldout_success"],
-                   "initial_policy_entropy": first["policy_entropy"]}
+                   "initial_policy_entropy": first["policy_entropy"],
+                   "train_rise": _rise([r["success"] for r in trains])}
             for key, value in row.items():
                 values.setdefault(key, []).append(float(value))
-        conditions[condition] = {"description": descriptions[condition],
-                                 "metrics": {key: stat(v) for key, v in values.items()}}
+            units = {"train_success": [last.get("train_outcomes")], "heldout_success": [last.get("heldout_outcomes")],
+                     "collapse_gap": [last.get("train_outcomes"), last.get("heldout_outcomes")],
+                     "initial_train_success": [first.get("train_outcomes")],
+                     "initial_heldout_success": [first.get("heldout_outcomes")],
+                     "zero_var_frac": [[r["zero_var_frac"] for r in trains]],
+                     "train_rise": _halves([r["success"] for r in trains])}
+        gap = lambda a, b: float(a.mean() - b.mean())  # noqa: E731 - the difference of two samples' means
+        metrics = {}
+        for key, v in values.items():
+            samples = units.get(key) if len(config.seed_list) == 1 else None
+            samples = samples if samples is not None and all(u is not None for u in samples) else None
+            metrics[key] = stat(v, samples, gap if key in ("collapse_gap", "train_rise") else None)
+        conditions[condition] = {"description": descriptions[condition], "metrics": metrics}
     summary = {
         "setup": {"level": config.level, "env_id": config.env_id, "seeds": config.seed_list, "updates": config.updates,
                   "batch_size": config.grpo.batch_size, "eval_every": config.eval_every,
-                  "eval_episodes": config.eval_episodes, "panel": PANEL_DESCRIPTION,
+                  "eval_episodes": config.eval_episodes, "panel": panel_description(config),
                   "config": to_dict(config)},
         "wall_time_s": wall_time_s,
         "conditions": conditions,
@@ -359,11 +417,32 @@ def summarise(records: Sequence[dict[str, Any]], config: CollapseConfig, descrip
     return summary
 
 
-PANEL_DESCRIPTION = ("three native persuadee models training never uses (base act effects, modulations and trait "
-                     f"weights jittered by exp(N(0, {PANEL_JITTER}^2)), recalibrated to the corpus donor rate), "
-                     "sampled at temperatures " + ", ".join(f"{t:g}" for t in PANEL_TEMPERATURES)
-                     + ", each playing personas drawn from the persona sampler with a held-out seed (no training "
-                       "persona among them)")
+def _halves(values: Sequence[float]) -> list[list[float]]:
+    """The second half and the first half of a run's per-update values (an odd middle one in neither)."""
+    half = len(values) // 2
+    return [list(values[len(values) - half:]), list(values[:half])]
+
+
+def _rise(values: Sequence[float]) -> float:
+    """Mean of the second half of ``values`` minus the mean of the first half (0 with fewer than two)."""
+    late, early = _halves(values)
+    return float(np.mean(late) - np.mean(early)) if early else 0.0
+
+
+def panel_description(config: CollapseConfig) -> str:
+    """The held-out panel, for the report."""
+    text = ("three native persuadee models training never uses (base act effects, modulations and trait "
+            f"weights jittered by exp(N(0, {PANEL_JITTER}^2)), recalibrated to the corpus donor rate), "
+            "sampled at temperatures " + ", ".join(f"{t:g}" for t in PANEL_TEMPERATURES)
+            + ", each playing personas drawn from the persona sampler with a held-out seed (no training "
+              "persona among them)")
+    if config.level == "text":
+        model = config.sim_model or config.model.model
+        text += (f"; realised as text, plus LLM {model} sampled at temperature "
+                 + ", ".join(f"{t:g}" for t in TEXT_PANEL_LLM_TEMPERATURES)
+                 + " playing the same held-out personas (the training simulators' model: held out by persona and "
+                   "decoding only)")
+    return text
 
 
 def descriptions(config: CollapseConfig) -> dict[str, str]:

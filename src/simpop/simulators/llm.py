@@ -206,9 +206,9 @@ class LLMSimulator(Simulator):
         return [self.text_format.to_action(text, self.stats) for text in self.generate(chats, slots, self.params)]
 
     # ----------------------------------------------------------------- closing surveys
-    def survey_chat(self, observation: Any, slot: int, survey: Survey) -> Chat:
+    def survey_chat(self, observation: Any, slot: int, survey: Survey, instructions_suffix: str = "") -> Chat:
         """The chat that asks ``survey``: the slot's chat, ending with the question as a user message."""
-        chat = self.chat(observation, slot)
+        chat = self.chat(observation, slot, instructions_suffix)
         if chat[-1] != {"role": "user", "content": survey.question}:  # a text format that does not ask it
             chat.append({"role": "user", "content": survey.question})
         return chat
@@ -246,7 +246,7 @@ class LLMSimulator(Simulator):
                             surveys: list[Survey]) -> list[list[float] | None]:
         """Per slot, the option probabilities: greedy one-hot on the argmax of :meth:`option_logprobs`,
         sampling ``softmax(log-prob / temperature)``; None where the options could not be scored."""
-        return [None if lp is None else _choice_probabilities(lp, self.params.temperature)
+        return [None if lp is None else choice_probabilities(lp, self.params.temperature)
                 for lp in self.option_logprobs(observations, slots, surveys)]
 
     def answer_survey(self, observations: list[Any], slots: list[int], surveys: list[Survey]) -> list[str]:
@@ -265,9 +265,14 @@ class LLMSimulator(Simulator):
         free = [i for i, answer in enumerate(answers) if answer is None]
         if free:
             chats = [self.survey_chat(observations[i], slots[i], surveys[i]) for i in free]
-            for i, text in zip(free, self.generate(chats, [slots[i] for i in free], self.params), strict=True):
+            for i, text in zip(free, self.generate(chats, [slots[i] for i in free], self.survey_params), strict=True):
                 answers[i] = text
         return answers  # type: ignore[return-value]
+
+    @property
+    def survey_params(self) -> SamplingParams:
+        """Decoding of a free-text survey answer (when no option could be scored): the replies' own."""
+        return self.params
 
     # ----------------------------------------------------------------- helpers for subclasses
     def chat(self, observation: str, slot: int, instructions_suffix: str = "") -> Chat:
@@ -385,7 +390,7 @@ def _score_with_cache(model: Any, backend: Any, prompt: list[int], conts: list[l
     return np.array(totals)
 
 
-def _choice_probabilities(logprobs: np.ndarray, temperature: float) -> list[float]:
+def choice_probabilities(logprobs: np.ndarray, temperature: float) -> list[float]:
     """Greedy (temperature 0): one-hot on the first argmax; else ``softmax(logprobs / temperature)``."""
     logprobs = np.asarray(logprobs, dtype=float)
     if temperature == 0 or not np.isfinite(logprobs).any():

@@ -14,7 +14,7 @@ from __future__ import annotations
 
 import copy
 from collections import deque
-from collections.abc import Iterator, Mapping, Sequence
+from collections.abc import Collection, Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any, Protocol, runtime_checkable
 
@@ -263,7 +263,7 @@ class Panel:
     def __getitem__(self, name: str) -> Simulator:
         return self.members[name]
 
-    def check_disjoint(self, training: Population | Sequence[Simulator]) -> None:
+    def check_disjoint(self, training: Population | Sequence[Simulator], shared_model: Collection[str] = ()) -> None:
         """Raise :class:`PanelOverlapError` unless every panel member is held out from training.
 
         Populations on either side are expanded to their concrete members. A panel member ``P`` is
@@ -275,7 +275,9 @@ class Panel:
         3. **decoding**: ``P.spec.decoding`` differs from every ``T_j.spec.decoding`` (exact equality of
            all decoding settings counts as shared);
         4. **model**: ``P.spec.model`` is not the model of every ``T_j`` (with one training model, ``P``
-           must use another; when training mixes models, ``P`` may share one of them).
+           must use another; when training mixes models, ``P`` may share one of them), unless ``P``'s label is
+           in ``shared_model`` (e.g. an LLM member when only one LLM is available: it is then held out by
+           persona and decoding alone, which a report must say).
         """
         train = leaf_simulators([training] if isinstance(training, Population) else list(training))
         if not train:
@@ -295,7 +297,7 @@ class Panel:
                     if ps.decoding == ts.decoding:
                         problems.append(f"{label}: {p.name!r} shares decoding settings {dict(ps.decoding)} with "
                                         f"training simulator {t.name!r}")
-                if all(ps.model == t.spec.model for t in train):
+                if label not in shared_model and all(ps.model == t.spec.model for t in train):
                     problems.append(f"{label}: {p.name!r} uses model {ps.model!r}, the model of every training "
                                     f"simulator")
         if problems:

@@ -18,6 +18,11 @@ sampled with the slot's generator. When the answer is unusable (nothing parses i
 the slot falls back to ordinary sampling from the backend (``fallback_temperature``, default 1) with the
 plain persona prompt; fallbacks are counted in ``stats["fallbacks"]`` out of ``stats["calls"]``
 (:attr:`VerbalizedSimulator.fallback_rate`).
+
+A closing survey (:class:`~simpop.seat.Survey`) is answered the same way: the model states a distribution
+over the survey's options (constrained: each candidate text is an option), renormalised with the same floor
+and temperature, and the answer is drawn from it (:meth:`VerbalizedSimulator.survey_distribution`), so even
+a simulator that is greedy in its wording does not answer every survey the same way.
 """
 
 from __future__ import annotations
@@ -35,8 +40,8 @@ from typing import Any
 import numpy as np
 
 from simpop.agents.base import Backend, SamplingParams
-from simpop.seat import BuildContext, DistributionalSimulator, Simulator, SimulatorSpec
-from simpop.simulators.llm import FALLBACK_REPLY, LLMSimulator, env_format, sampling
+from simpop.seat import BuildContext, DistributionalSimulator, Simulator, SimulatorSpec, Survey
+from simpop.simulators.llm import FALLBACK_REPLY, LLMSimulator, choice_probabilities, env_format, sampling
 from simpop.simulators.registry import inner_or_none
 
 logger = logging.getLogger(__name__)
@@ -54,6 +59,15 @@ would be. Output JSON with the key "responses": a list of {k} objects, each with
 you would send, at most {max_chars} characters) and "probability" (how likely you would be to send it, from \
 0 to 1; the {k} probabilities sum to 1). Output only the JSON object, no other text."""
 
+#: The closing survey's verbalized request (:meth:`VerbalizedSimulator.survey_distribution`): ``{k}``
+#: answers among the listed options, with probabilities, as the same JSON.
+VERBALIZED_SURVEY_INSTRUCTIONS = """
+
+When you are asked the closing question, state how likely you are to give each answer. Output JSON with the \
+key "responses": a list of {k} objects, each with "text" (one of the answers: {options}) and "probability" \
+(how likely you are to give that answer, from 0 to 1; the probabilities sum to 1). Output only the JSON \
+object, no other text."""
+
 #: Repairs that fix the *format* of an answer (as opposed to normalising its content: ``rescaled``
 #: probabilities that did not sum to one, ``merged_duplicates``). Constrained output needs none.
 FORMAT_REPAIRS = ("code_fence", "surrounding_text", "relaxed_syntax", "salvaged_objects", "dropped_items",
@@ -66,16 +80,19 @@ FORMAT_REPAIRS = ("code_fence", "surrounding_text", "relaxed_syntax", "salvaged_
 TEXT_PATTERN = r"^[!#-\[\]-~]([ !#-\[\]-~]*[!#-\[\]-~])?$"
 
 
-def verbalized_schema(k: int, max_chars: int) -> dict[str, Any]:
+def verbalized_schema(k: int, max_chars: int, choices: Sequence[str] | None = None) -> dict[str, Any]:
     """The JSON schema of a verbalized answer: exactly ``k`` ``{"text", "probability"}`` objects, each
-    text 1 to ``max_chars`` characters of :data:`TEXT_PATTERN`, each probability a number in [0, 1]
-    with at most two decimals (a small model otherwise spends its budget on digits)."""
+    text 1 to ``max_chars`` characters of :data:`TEXT_PATTERN` (or, given ``choices``, one of them), each
+    probability a number in [0, 1] with at most two decimals (a small model otherwise spends its budget on
+    digits)."""
     if k < 1 or max_chars < 1:
         raise ValueError(f"k and max_chars must be >= 1, got {k} and {max_chars}")
+    text = ({"type": "string", "enum": list(choices)} if choices else
+            {"type": "string", "minLength": 1, "maxLength": max_chars, "pattern": TEXT_PATTERN})
     candidate = {
         "type": "object",
         "properties": {
-            "text": {"type": "string", "minLength": 1, "maxLength": max_chars, "pattern": TEXT_PATTERN},
+            "text": text,
             "probability": {"type": "number", "minimum": 0, "maximum": 1, "multipleOf": 0.01},
         },
         "required": ["text", "probability"],
@@ -192,7 +209,7 @@ def parse_verbalized(text: str, k: int) -> ParseResult:
 
     merged: dict[str, list[Any]] = {}
     for (candidate, _), p in zip(pairs, probs):
-        key = " ".join(candidate.split()).casefold()
+        key = _key(candidate)
         if key in merged:
             merged[key][1] += p
             _bump(repairs, "merged_duplicates")
@@ -395,7 +412,8 @@ class VerbalizedSimulator(LLMSimulator):
         schema: The JSON schema of an answer (sent only when ``constrained``).
         stats: ``calls`` (verbalized answers requested), ``fallbacks``, ``format_repairs`` (answers that
             needed a :data:`FORMAT_REPAIRS` repair), ``repair:<name>`` (summed
-            :attr:`ParseResult.repairs`), and :class:`LLMSimulator`'s counters.
+            :attr:`ParseResult.repairs`), closing surveys' ``survey_calls`` and ``survey_fallbacks``
+            (:meth:`survey_distribution`), and :class:`LLMSimulator`'s counters.
     """
 
     kind = "verbalized"
@@ -417,7 +435,7 @@ class VerbalizedSimulator(LLMSimulator):
         self.schema = verbalized_schema(k, max_chars)
         self.params = dataclasses.replace(self.params, json_schema=self.schema if constrained else None)
         self.suffix = VERBALIZED_INSTRUCTIONS.format(k=k, max_chars=max_chars)
-        self.stats.update({"calls": 0, "fallbacks": 0, "format_repairs": 0})
+        self.stats.update({"calls": 0, "fallbacks": 0, "format_repairs": 0, "survey_calls": 0, "survey_fallbacks": 0})
 
     @classmethod
     def from_spec(cls, spec: SimulatorSpec, context: BuildContext) -> VerbalizedSimulator:
@@ -488,6 +506,58 @@ class VerbalizedSimulator(LLMSimulator):
         for s in samples:
             counts[s] = counts.get(s, 0) + 1
         return [(text, n / len(samples)) for text, n in counts.items()]
+
+
+    def survey_distribution(self, observations: list[Any], slots: list[int],
+                            surveys: list[Survey]) -> list[list[float] | None]:
+        """Per slot, the model's *stated* distribution over the survey's options, renormalised as for replies.
+
+        The model is asked (:data:`VERBALIZED_SURVEY_INSTRUCTIONS`) for ``min(k, options)`` answers with
+        probabilities; constrained, each text is one of the options (:func:`verbalized_schema` with
+        ``choices``). An option's probability is the sum stated for it (0 when not listed), then
+        :func:`renormalise` (floor, tau). An answer naming no option is a counted fallback
+        (``stats["survey_fallbacks"]`` of ``stats["survey_calls"]``) to the options' log-probabilities at the
+        fallback temperature (:meth:`LLMSimulator.option_logprobs`; None where those cannot be scored either).
+        """
+        stated: list[list[float] | None] = [None] * len(surveys)
+        groups: dict[tuple[str, ...], list[int]] = {}
+        for i, survey in enumerate(surveys):
+            groups.setdefault(survey.options, []).append(i)
+        for options, members in groups.items():  # one backend call per distinct option list
+            k = min(self.k, len(options))
+            suffix = VERBALIZED_SURVEY_INSTRUCTIONS.format(k=k, options=", ".join(json.dumps(o) for o in options))
+            params = dataclasses.replace(self.params, seed=self.call_seed([slots[i] for i in members]),
+                                         json_schema=verbalized_schema(k, 1, options) if self.constrained else None)
+            chats = [self.survey_chat(observations[i], slots[i], surveys[i], suffix) for i in members]
+            index = {_key(option): j for j, option in enumerate(options)}
+            for i, text in zip(members, self.raw_generate(chats, params), strict=True):
+                probs = [0.0] * len(options)
+                for candidate, p in parse_verbalized(text, k).candidates:
+                    if _key(candidate) in index:
+                        probs[index[_key(candidate)]] += p
+                if sum(probs) > 0:
+                    stated[i] = renormalise(probs, self.floor, self.tau)
+        self.stats["survey_calls"] += len(surveys)
+        failed = [i for i, probs in enumerate(stated) if probs is None]
+        self.stats["survey_fallbacks"] += len(failed)
+        if failed:
+            logger.debug("%s: %d verbalized survey answers named no option; scoring the options instead",
+                         self.name, len(failed))
+            scored = self.option_logprobs([observations[i] for i in failed], [slots[i] for i in failed],
+                                          [surveys[i] for i in failed])
+            for i, lp in zip(failed, scored, strict=True):
+                stated[i] = None if lp is None else choice_probabilities(lp, self.fallback_params.temperature)
+        return stated
+
+    @property
+    def survey_params(self) -> SamplingParams:
+        """A free-text survey answer (no option could be scored) is a plain sample, as for a fallback reply."""
+        return self.fallback_params
+
+
+def _key(text: str) -> str:
+    """Texts compared up to whitespace and case (as :func:`parse_verbalized` merges duplicates)."""
+    return " ".join(text.split()).casefold()
 
 
 class Renormalised(Simulator):

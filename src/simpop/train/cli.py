@@ -4,7 +4,7 @@
 
     simpop train grpo --env simpop/PersuasionAct-v0 --simulator native --updates 50 --out runs/grpo
     simpop train grpo --env simpop/PersuasionAct-v0 --algorithm dapo --updates 50 --out runs/dapo
-    simpop train grpo --env simpop/Persuasion-v0 --simulator frozen:smollm2 --updates 3 --out runs/text \\
+    simpop train grpo --env simpop/Persuasion-v1 --simulator frozen:smollm2 --updates 3 --out runs/text \\
         --env-arg max_turns=3 --max-new-tokens 24 --group-size 2 --scenarios-per-update 2 --lora
     simpop train grpo ... --config run.yaml --lr 3e-5      # YAML values, overridden by flags
     simpop train grpo ... --out runs/grpo --resume          # continue a killed run to --updates
@@ -13,7 +13,7 @@
     simpop train cotrain --env simpop/PersuasionAct-v0 --simulator trainable:persuadee --updates 50 --out runs/co
     simpop train cotrain --env simpop/PersuasionAct-v0 --updates 50 --out runs/population \\
         --population-size 3 --pool-size 6 --pool-sample-prob 0.25 --snapshot-every 5
-    simpop train cotrain --env simpop/Persuasion-v0 --simulator "trainable:smollm2?temperature=1.0" --lora \\
+    simpop train cotrain --env simpop/Persuasion-v1 --simulator "trainable:smollm2?temperature=1.0" --lora \\
         --updates 3 --out runs/cotrain-text --env-arg max_turns=2 --max-new-tokens 16
     simpop train ppo --env simpop/PersuasionAct-v0 --updates 100 --out runs/ppo --n-envs 8 --n-steps 64
 

@@ -18,8 +18,8 @@ The dataset's prompts are scenario ids (:func:`scenario_dataset`); TRL repeats e
     from trl import GRPOConfig, GRPOTrainer
     backend = TransformersBackend("smollm2", trainable=True)
     trainer = GRPOTrainer(model=backend.model, processing_class=backend.tokenizer, reward_funcs=env_reward,
-                          train_dataset=scenario_dataset("simpop/Persuasion-v0"),
-                          rollout_func=make_rollout_func("simpop/Persuasion-v0", simulator, backend),
+                          train_dataset=scenario_dataset("simpop/Persuasion-v1"),
+                          rollout_func=make_rollout_func("simpop/Persuasion-v1", simulator, backend),
                           args=GRPOConfig(num_generations=4, ...))
     trainer.train()
 """
