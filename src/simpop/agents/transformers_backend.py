@@ -30,6 +30,7 @@ from __future__ import annotations
 import contextlib
 import json
 import os
+import sys
 from collections import OrderedDict
 from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
@@ -69,6 +70,8 @@ def _import_torch_transformers():
         import transformers
     except ImportError as error:
         raise ImportError(f"TransformersBackend needs {error.name}: pip install simpop[llm]") from error
+    if not sys.stderr.isatty():  # "Loading weights" bars would fill logs with carriage-return fragments
+        transformers.utils.logging.disable_progress_bar()
     return torch, transformers
 
 

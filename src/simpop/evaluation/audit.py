@@ -140,7 +140,7 @@ def audit(specs: Sequence[str], n: int = 16, histories: Sequence[History] = HIST
     import simpop
     from simpop.simulators.registry import build_simulator
     from simpop.simulators.verbalized import VerbalizedSimulator
-    from tqdm import tqdm
+    from simpop.progress import progress_bar
 
     if n < 2:
         raise ValueError(f"n must be >= 2 to measure diversity, got {n}")
@@ -152,7 +152,7 @@ def audit(specs: Sequence[str], n: int = 16, histories: Sequence[History] = HIST
     embed = embed or load_embedder()
     backends = {} if backends is None else backends
     results = []
-    bar = tqdm(total=len(specs) * len(histories), desc="audit", disable=not progress)
+    bar = progress_bar(len(specs) * len(histories), "audit", disable=not progress)
     for spec in specs:
         simulator = build_simulator(spec, env=env, backends=backends)
         rows = []

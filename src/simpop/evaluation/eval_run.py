@@ -150,9 +150,9 @@ def evaluate_panel(env_id: str, policy: Any, panel: Panel, *, episodes: int | No
     planned_keys = {(m, e.scenario, e.trial) for m in members for e in plan}
     total, finished = len(planned_keys), len(done & planned_keys)
 
-    from tqdm import tqdm
+    from simpop.progress import progress_bar
 
-    bar = tqdm(total=total, initial=finished, desc="eval", unit="episode", disable=not progress)
+    bar = progress_bar(total, "eval", unit="episode", initial=finished, disable=not progress)
     errors = 0
     started = time.perf_counter()
     try:

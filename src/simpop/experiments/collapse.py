@@ -555,9 +555,9 @@ class Progress:
     """A tqdm bar over all updates of all runs, with the latest held-out success per condition."""
 
     def __init__(self, total: int, enabled: bool):
-        from tqdm import tqdm
+        from simpop.progress import progress_bar
 
-        self.bar = tqdm(total=total, desc="collapse", unit="update", disable=not enabled)
+        self.bar = progress_bar(total, "collapse", unit="update", disable=not enabled)
         self.heldout: dict[str, float] = {}
 
     def report(self, condition: str, seed: int, step: int, record: dict[str, Any]) -> None:

@@ -110,7 +110,8 @@ class LLMSimulator(Simulator):
             :class:`DialogueFormat`; envs with their own expose ``env.text_format``).
 
     Attributes:
-        stats: ``backend_calls``, ``replies``, ``empty_replies`` since construction; closing surveys:
+        stats: ``backend_calls``, ``replies``, ``empty_replies``, ``backend_errors`` (faulty backend answers:
+            :meth:`raw_generate`) since construction; closing surveys:
             ``surveys`` answered, of which ``survey_scored`` (a constrained choice), ``survey_unscored`` (the
             backend cannot score: a free-text answer) and ``survey_errors`` (scoring failed: free text).
     """
@@ -133,7 +134,7 @@ class LLMSimulator(Simulator):
         self.persona_set = persona_set or SCENARIO_PERSONAS
         self.fallback_reply = fallback_reply
         self.text_format = text_format or DialogueFormat()
-        self.stats: dict[str, int] = {"backend_calls": 0, "replies": 0, "empty_replies": 0,
+        self.stats: dict[str, int] = {"backend_calls": 0, "replies": 0, "empty_replies": 0, "backend_errors": 0,
                                       **{name: 0 for name in self.text_format.counters},
                                       **{name: 0 for name in SURVEY_COUNTERS}}
         self._warned_unscored = False
@@ -304,15 +305,34 @@ class LLMSimulator(Simulator):
         return replies
 
     def raw_generate(self, chats: list[Chat], params: SamplingParams) -> list[str]:
-        """The backend's texts for ``chats`` in one call; greedy calls send each distinct chat once."""
+        """The backend's texts for ``chats`` in one call; greedy calls send each distinct chat once.
+
+        A faulty backend answer is repaired and counted in ``stats["backend_errors"]`` (logged): a generation
+        whose text is not a string reads as empty (then replaced like any empty reply), missing generations
+        read as empty, extra ones are dropped.
+        """
         self.stats["backend_calls"] += 1
         if not params.greedy:
-            return [g.text for g in self.backend.generate(chats, params)]
+            return self._texts(self.backend.generate(chats, params), len(chats))
         keys = [json.dumps(c, sort_keys=True) for c in chats]
         unique = list(dict.fromkeys(keys))
         first = {key: chats[keys.index(key)] for key in unique}
-        texts = dict(zip(unique, (g.text for g in self.backend.generate([first[k] for k in unique], params))))
+        texts = dict(zip(unique, self._texts(self.backend.generate([first[k] for k in unique], params), len(unique))))
         return [texts[k] for k in keys]
+
+    def _texts(self, generations: Any, expected: int) -> list[str]:
+        """Exactly ``expected`` texts from a backend's ``generations`` (faults counted and logged)."""
+        generations = list(generations or [])
+        texts = [getattr(g, "text", None) for g in generations[:expected]]
+        faults = [f"{sum(not isinstance(t, str) for t in texts)} generations without text"] if any(
+            not isinstance(t, str) for t in texts) else []
+        if len(generations) != expected:
+            faults.append(f"{len(generations)} generations for {expected} chats")
+        if faults:
+            self.stats["backend_errors"] += 1
+            logger.warning("%s: faulty backend answer from %s (%s); missing texts read as empty replies",
+                           self.name, type(self.backend).__name__, "; ".join(faults))
+        return [t if isinstance(t, str) else "" for t in texts] + [""] * (expected - len(texts))
 
 
 # ---------------------------------------------------------------------------------------- option scoring

@@ -307,6 +307,7 @@ class GRPOTrainer:
             "clip_frac": stats["clip_frac"],
             "grad_norm": stats["grad_norm"],
             "policy_turns": float(np.mean([t.policy_turns for t in batch.trajectories])),
+            "user_rejected": float(sum(t.user_rejected for t in batch.trajectories)),
             "rollout_s": rollout.total_s,
             "update_s": time.perf_counter() - start,
             "steps_per_s": rollout.env_steps / rollout.total_s if rollout.total_s > 0 else 0.0,

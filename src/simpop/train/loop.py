@@ -129,9 +129,9 @@ def run(trainer: Trainer, updates: int, run_dir: str | Path | None = None, *, co
         if run_dir is not None:
             checkpoint.save(run_dir, step, trainer.state_dict(), keep=config.keep_checkpoints)
 
-    from tqdm import tqdm
+    from simpop.progress import progress_bar
 
-    bar = tqdm(total=updates, initial=min(start, updates), desc=desc, unit="update", disable=not progress)
+    bar = progress_bar(updates, desc, unit="update", initial=min(start, updates), disable=not progress)
     history: list[dict[str, float]] = []
     try:
         if evaluate is not None and not resumed:
