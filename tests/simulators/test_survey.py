@@ -364,3 +364,88 @@ def test_smollm2_verbalized_survey_answers_vary_where_greedy_ones_do_not(smollm2
     assert verbalized.stats["survey_fallbacks"] == 0 and verbalized.stats["survey_calls"] == 2 * n
     (probs,) = verbalized.survey_distribution([obs], [0], [survey])
     assert max(probs) < 1.0 and sum(p > 0.05 for p in probs) >= 2
+
+
+# ------------------------------------------------------------------ scoring over HTTP (prompt_logprobs)
+@dataclass
+class TokenScorer(FakeBackend):
+    """Scores like a model would, token by token: one token per character, log p(token t) = -(t mod 7) / 10."""
+
+    def encode_chat(self, chat: Chat, add_generation_prompt: bool = True) -> list[int]:
+        return ScoringBackend.encode_chat(self, chat, add_generation_prompt)
+
+    def token_logprobs(self, sequences: list[list[int]], masks: list[list[int]], temperature: float = 1.0):
+        width = max(map(len, sequences))
+        logprobs, mask = torch.zeros(len(sequences), width), torch.zeros(len(sequences), width)
+        for row, (seq, m) in enumerate(zip(sequences, masks)):
+            for t in range(1, len(seq)):
+                mask[row, t] = float(m[t])
+                logprobs[row, t] = -(seq[t] % 7) / 10 * m[t]
+        return FakeScores(logprobs, mask)
+
+
+class NoPromptLogprobs:
+    """An OpenAI-compatible server that ignores ``prompt_logprobs`` (as most do): plain completions only."""
+
+    def __enter__(self):
+        from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+        import threading
+
+        class Handler(BaseHTTPRequestHandler):
+            def do_POST(self):  # noqa: N802
+                self.rfile.read(int(self.headers["Content-Length"]))
+                body = json.dumps({"choices": [{"message": {"content": "$1.00"}, "finish_reason": "stop"}]}).encode()
+                self.send_response(200)
+                self.send_header("Content-Type", "application/json")
+                self.send_header("Content-Length", str(len(body)))
+                self.end_headers()
+                self.wfile.write(body)
+
+            def log_message(self, *args):
+                pass
+
+        self.server = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
+        threading.Thread(target=self.server.serve_forever, daemon=True).start()
+        self.url = f"http://127.0.0.1:{self.server.server_address[1]}/v1"
+        return self
+
+    def __exit__(self, *exc):
+        self.server.shutdown()
+
+
+def test_a_server_with_prompt_logprobs_scores_options_like_the_model_in_process():
+    from simpop.agents.openai_backend import OpenAIBackend
+    from simpop.agents.serve import make_server
+    from simpop.simulators.llm import _score_options
+
+    chat = LLMSimulator(FakeBackend()).text_format.chat(survey_observation("Kids are hungry."), FakeScenario())
+    items = [(chat, OPTIONS), (chat[:1] + [{"role": "user", "content": "How much?"}], ("$0.00", "$2.00"))]
+    local = _score_options(TokenScorer(), items)
+    with make_server(TokenScorer(name="scorer"), port=0).start() as server:
+        client = OpenAIBackend(server.url, "scorer")
+        remote = client.score_replies(items)
+        sim = LLMSimulator(client)
+        sim.reset_batch([FakeScenario()] * 2, rngs(2))
+        answers = sim.act_batch([survey_observation("Kids are hungry.")] * 2, [0, 1])
+    assert [list(r) for r in remote] == [pytest.approx(list(x), abs=1e-5) for x in local]
+    assert answers == [OPTIONS[int(np.argmax(local[0]))]] * 2 and sim.stats["survey_scored"] == 2
+
+
+def test_a_server_without_prompt_logprobs_is_said_once_and_answers_in_free_text(caplog):
+    from simpop.agents.base import ScoringUnsupported
+    from simpop.agents.openai_backend import OpenAIBackend
+    from simpop.agents.serve import make_server
+
+    with NoPromptLogprobs() as stub, caplog.at_level("WARNING"):
+        client = OpenAIBackend(stub.url, "m")
+        with pytest.raises(ScoringUnsupported, match="no prompt_logprobs"):
+            client.score_replies([([{"role": "user", "content": "q"}], ("a", "b"))])
+        sim = LLMSimulator(client)
+        sim.reset_batch([FakeScenario()] * 2, rngs(2))
+        assert sim.act_batch([survey_observation("hi")] * 2, [0, 1]) == ["$1.00", "$1.00"]
+        sim.act_batch([survey_observation("hi")], [0])
+    assert sim.stats["survey_unscored"] == 3 and sim.stats["survey_errors"] == 0
+    assert caplog.text.count("returned no prompt_logprobs") == 1  # a warning once, then counted quietly
+    with make_server(FakeBackend(name="plain"), port=0).start() as server:  # simpop serve, a backend that cannot
+        with pytest.raises(ScoringUnsupported, match="cannot score prompts"):
+            OpenAIBackend(server.url, "plain").score_replies([([{"role": "user", "content": "q"}], ("a",))])

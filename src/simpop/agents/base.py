@@ -154,3 +154,7 @@ class TrainableBackend(TokenBackend, Protocol):
     def disabled_adapters(self) -> AbstractContextManager[None]:
         """The base model with adapters off."""
         ...
+
+
+class ScoringUnsupported(RuntimeError):
+    """A backend (or the server behind it) cannot give the log-probability of a fixed reply."""

@@ -4,7 +4,10 @@ A batch of chats becomes concurrent HTTP requests (at most ``max_concurrency`` i
 Connection errors, timeouts, HTTP 429 and 5xx are retried with exponential back-off; 401/403 and other
 4xx fail at once with the server's message. Token ids and log-probabilities are filled when the server
 returns them (``simpop serve`` always does; vLLM does with ``return_token_ids=True``).
-``SamplingParams.json_schema`` is sent as an OpenAI structured-output ``response_format``::
+``SamplingParams.json_schema`` is sent as an OpenAI structured-output ``response_format``.
+:meth:`OpenAIBackend.score_replies` scores fixed replies (a closing survey's options) from the server's
+``prompt_logprobs`` (vLLM's extension of the API, which ``simpop serve`` implements too); a server without it
+raises :class:`~simpop.agents.base.ScoringUnsupported`::
 
     backend = OpenAIBackend("http://127.0.0.1:8000/v1", "smollm2")
     backend.generate([[{"role": "user", "content": "Hi"}]], SamplingParams(max_new_tokens=16))
@@ -19,7 +22,7 @@ import re
 from concurrent.futures import ThreadPoolExecutor
 from typing import TYPE_CHECKING, Any
 
-from simpop.agents.base import Chat, Generation, SamplingParams
+from simpop.agents.base import Chat, Generation, SamplingParams, ScoringUnsupported
 from simpop.agents.chat import check_chat
 
 if TYPE_CHECKING:
@@ -96,15 +99,9 @@ class OpenAIBackend:
         self.supports_json_schema = structured_outputs
 
     def generate(self, chats: list[Chat], params: SamplingParams) -> list[Generation]:
-        """One completion per chat; requests run concurrently. Works inside a running event loop too."""
-        try:
-            asyncio.get_running_loop()
-        except RuntimeError:
-            return asyncio.run(self.agenerate(chats, params))
-        # A caller already inside an event loop (a notebook, an async trainer) cannot block it with
-        # asyncio.run; a worker thread gets a loop of its own.
-        with ThreadPoolExecutor(max_workers=1) as pool:
-            return pool.submit(asyncio.run, self.agenerate(chats, params)).result()
+        """One completion per chat; requests run concurrently. Works inside a running event loop too (a
+        notebook, an async trainer: the requests then run in a worker thread with a loop of its own)."""
+        return self._run(self.agenerate(chats, params))
 
     async def agenerate(self, chats: list[Chat], params: SamplingParams) -> list[Generation]:
         """The async form of :meth:`generate`."""
@@ -158,6 +155,11 @@ class OpenAIBackend:
         payload: dict[str, Any],
         params: SamplingParams,
     ) -> Generation:
+        return _parse_completion(await self._request(client, semaphore, payload), params)
+
+    async def _request(self, client: httpx.AsyncClient, semaphore: asyncio.Semaphore,
+                       payload: dict[str, Any]) -> dict[str, Any]:
+        """POST ``payload`` to ``/chat/completions`` (retried as the module docstring says); the JSON answer."""
         import httpx
 
         url = f"{self.base_url}/chat/completions"
@@ -171,7 +173,7 @@ class OpenAIBackend:
                     failure = f"{type(error).__name__} {error}".strip()
                 else:
                     if response.status_code == 200:
-                        return _parse_completion(response.json(), params)
+                        return response.json()
                     status, message = response.status_code, _error_message(response)
                     if status in (401, 403):
                         hint = "check api_key / OPENAI_API_KEY"
@@ -191,6 +193,90 @@ class OpenAIBackend:
                 delay = min(self.max_backoff_s, self.backoff_s * 2**attempt) * random.uniform(0.5, 1.0)
                 await asyncio.sleep(max(delay, retry_after or 0.0))
                 attempt += 1
+
+    # ------------------------------------------------------------------ scoring fixed replies
+    def score_replies(self, items: list[tuple[Chat, list[str] | tuple[str, ...]]]) -> list[list[float]]:
+        """Per ``(chat, replies)``, each reply's summed log-probability as the whole assistant message (its
+        tokens and the template's end of turn), read from the server's ``prompt_logprobs``.
+
+        One request renders the chat with the generation prompt (its length marks where a reply starts), one per
+        reply renders the chat with the reply as the last assistant message; all run concurrently. Raises
+        :class:`ScoringUnsupported` when the server returns no ``prompt_logprobs`` (OpenAI's own API, most
+        servers other than vLLM and ``simpop serve``).
+        """
+        payloads = []
+        for chat, replies in items:
+            check_chat(chat)
+            payloads.append(self._score_payload(chat, add_generation_prompt=True))
+            payloads += [self._score_payload([*chat, {"role": "assistant", "content": r}], add_generation_prompt=False)
+                         for r in replies]
+        try:
+            answers = self._run(self._requests(payloads))
+        except RemoteBackendError as error:
+            if error.status == 400 and "prompt_logprobs" in str(error):  # a server that refuses the extension
+                raise ScoringUnsupported(str(error)) from error
+            raise
+        out, i = [], 0
+        for _, replies in items:
+            base, i = answers[i], i + 1
+            start = len(_prompt_logprobs(base, self.base_url))
+            scores = []
+            for _ in replies:
+                scores.append(_reply_logprob(answers[i], start, self.base_url))
+                i += 1
+            out.append(scores)
+        return out
+
+    def _score_payload(self, chat: Chat, add_generation_prompt: bool) -> dict[str, Any]:
+        return {"model": self.name, "messages": chat, "max_tokens": 1, "temperature": 0.0, "prompt_logprobs": 0,
+                "add_generation_prompt": add_generation_prompt, "return_token_ids": True}
+
+    async def _requests(self, payloads: list[dict[str, Any]]) -> list[dict[str, Any]]:
+        import httpx
+
+        headers = {"Authorization": f"Bearer {self.api_key}"} if self.api_key else {}
+        semaphore = asyncio.Semaphore(self.max_concurrency)
+        async with httpx.AsyncClient(timeout=self.timeout_s, headers=headers) as client:
+            return list(await asyncio.gather(*(self._request(client, semaphore, p) for p in payloads)))
+
+    @staticmethod
+    def _run(coroutine: Any) -> Any:
+        """Run ``coroutine`` to completion, also from inside a running event loop (in a worker thread)."""
+        try:
+            asyncio.get_running_loop()
+        except RuntimeError:
+            return asyncio.run(coroutine)
+        with ThreadPoolExecutor(max_workers=1) as pool:
+            return pool.submit(asyncio.run, coroutine).result()
+
+
+def _prompt_logprobs(data: dict[str, Any], url: str) -> list[Any]:
+    found = data.get("prompt_logprobs")
+    if not isinstance(found, list):
+        raise ScoringUnsupported(f"{url} returned no prompt_logprobs (a vLLM extension of the chat API; `simpop "
+                                 f"serve` has it too), so fixed replies cannot be scored there")
+    return found
+
+
+def _reply_logprob(data: dict[str, Any], start: int, url: str) -> float:
+    """Sum of the prompt tokens' log-probabilities from position ``start`` on (the reply and its end of turn)."""
+    entries, ids = _prompt_logprobs(data, url), data.get("prompt_token_ids")
+    if len(entries) <= start:
+        raise ValueError("the chat template does not render a reply as an extension of the prompt")
+    total = 0.0
+    for position in range(start, len(entries)):
+        entry = entries[position]
+        if not isinstance(entry, dict) or not entry:
+            raise ScoringUnsupported(f"{url} gave no log-probability for prompt token {position}")
+        if len(entry) == 1:
+            (value,) = entry.values()
+        elif ids is not None and str(ids[position]) in entry:
+            value = entry[str(ids[position])]
+        else:
+            raise ScoringUnsupported(f"{url}: prompt_logprobs list several tokens at {position} and no "
+                                     f"prompt_token_ids say which one the prompt has")
+        total += float(value["logprob"] if isinstance(value, dict) else value)
+    return total
 
 
 def response_format(schema: dict[str, Any]) -> dict[str, Any]:

@@ -2,7 +2,9 @@
 
 Endpoints: ``GET /v1/models``, ``POST /v1/chat/completions`` (``n``, ``temperature``, ``top_p``,
 ``max_tokens`` / ``max_completion_tokens``, ``stop``, ``seed``, ``logprobs``, ``response_format``) and ``GET /health``
-(request counters). Concurrent requests with the same sampling settings are micro-batched: the first
+(request counters); a request with ``prompt_logprobs: 0`` (vLLM's extension, with ``add_generation_prompt``)
+is answered with every prompt token's log-probability and no generation (how
+:meth:`~simpop.agents.openai_backend.OpenAIBackend.score_replies` scores a survey's options). Concurrent requests with the same sampling settings are micro-batched: the first
 request of a batch waits up to ``--batch-window-ms`` for others, then all run as one backend call of at
 most ``--max-batch`` rows, so one process can host the simulators of many trainers. Requests that carry
 a ``seed`` run as a batch of their own, so that their answer does not depend on what else arrived.
@@ -86,6 +88,8 @@ class MicroBatcher:
         self.batches = 0  # backend calls made
         self._pending: collections.deque[_Job] = collections.deque()
         self._cond = threading.Condition()
+        #: Held around every model call: generation batches here, prompt scoring in request threads.
+        self.model_lock = threading.Lock()
         self._closed = False
         self._worker = threading.Thread(target=self._loop, name="simpop-serve-batcher", daemon=True)
         self._worker.start()
@@ -147,9 +151,10 @@ class MicroBatcher:
     def _run(self, batch: list[_Job]) -> None:
         self.batches += 1
         try:
-            generations = self.backend.generate(
-                [chat for job in batch for chat in job.chats], batch[0].params
-            )
+            with self.model_lock:
+                generations = self.backend.generate(
+                    [chat for job in batch for chat in job.chats], batch[0].params
+                )
         except ValueError as error:
             if len(batch) > 1:  # one bad request (e.g. too long) must not fail its batch mates
                 for job in batch:
@@ -297,6 +302,10 @@ class _Handler(BaseHTTPRequestHandler):
             if not self._authorized():
                 return
             try:
+                if b'"prompt_logprobs"' in body:  # vLLM's extension: score the prompt, generate nothing
+                    with self.server.batcher.model_lock:
+                        self._send(200, _prompt_logprobs_response(self.server.backend, self.server.model_name, body))
+                    return
                 chats, params = _parse_request(body, self.server.model_name)
                 if params.json_schema is not None and not supports_json_schema(self.server.backend):
                     raise RequestError(400, f"this server's backend ({type(self.server.backend).__name__}) "
@@ -398,6 +407,42 @@ def _parse_request(body: bytes, model_name: str) -> tuple[list[Chat], SamplingPa
     except ValueError as error:  # what SamplingParams itself rejects (top_p = 0)
         raise RequestError(400, str(error)) from None
     return [chat] * n, params
+
+
+def _prompt_logprobs_response(backend: Any, model_name: str, body: bytes) -> dict[str, Any]:
+    """vLLM's ``prompt_logprobs`` extension (with ``prompt_logprobs: 0``): the log-probability of every prompt token
+    after the first (``add_generation_prompt`` says whether the rendered prompt ends with the assistant's turn
+    opening), ``prompt_token_ids``, and an empty completion: nothing is generated."""
+    import torch
+
+    try:
+        request = json.loads(body)
+    except ValueError as error:
+        raise RequestError(400, f"the body is not valid JSON: {error}") from None
+    if not isinstance(request, dict) or request.get("model") != model_name:
+        raise RequestError(400, f"the body must be a JSON object for model '{model_name}'", param="model")
+    if request.get("prompt_logprobs") != 0:
+        raise RequestError(400, "only prompt_logprobs: 0 (each prompt token's own log-probability) is supported",
+                           param="prompt_logprobs")
+    add = request.get("add_generation_prompt", True)
+    if not isinstance(add, bool):
+        raise RequestError(400, "'add_generation_prompt' must be true or false", param="add_generation_prompt")
+    if not (callable(getattr(backend, "encode_chat", None)) and callable(getattr(backend, "token_logprobs", None))):
+        raise RequestError(400, f"this server's backend ({type(backend).__name__}) cannot score prompts: send no "
+                                "prompt_logprobs", param="prompt_logprobs")
+    chat = _parse_messages(request.get("messages"))
+    ids = backend.encode_chat(chat, add_generation_prompt=add)
+    if len(ids) < 2:
+        raise RequestError(400, "the prompt has fewer than two tokens: nothing to score")
+    with torch.no_grad():
+        scores = backend.token_logprobs([ids], [[1] * len(ids)])
+    logprobs = [float(x) for x in scores.logprobs[0].float().tolist()]
+    entries = [None] + [{str(token): {"logprob": lp, "rank": None}} for token, lp in zip(ids[1:], logprobs[1:])]
+    return {"id": f"chatcmpl-{uuid.uuid4().hex}", "object": "chat.completion", "created": int(time.time()),
+            "model": model_name, "prompt_token_ids": ids, "prompt_logprobs": entries,
+            "choices": [{"index": 0, "message": {"role": "assistant", "content": ""}, "finish_reason": "length",
+                         "token_ids": []}],
+            "usage": {"prompt_tokens": len(ids), "completion_tokens": 0, "total_tokens": len(ids)}}
 
 
 def _response_format(value: Any) -> dict[str, Any] | None:

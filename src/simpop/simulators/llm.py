@@ -23,9 +23,11 @@ template's end of turn (:meth:`LLMSimulator.option_logprobs`); greedy takes the 
 from ``softmax(log-prob / temperature)`` with the slot's generator. Scoring needs an in-process model:
 an HF model behind the backend (``backend.model``, e.g. ``TransformersBackend``: the chat is read once,
 then every option in one batched pass over its KV cache) or a backend with ``encode_chat`` and
-``token_logprobs`` (all chats' options in one call). Otherwise (an HTTP backend) the question is asked
-and the free-text reply is the answer, for the env to read (strictly, then leniently, else its counted
-fallback); such answers are counted in ``stats["survey_unscored"]`` and logged (a warning the first time),
+``token_logprobs`` (all chats' options in one call), or a backend with ``score_replies`` (an
+OpenAI-compatible server that returns ``prompt_logprobs``: vLLM, ``simpop serve``). Otherwise (a server
+without them raises :class:`~simpop.agents.base.ScoringUnsupported`) the question is asked and the free-text
+reply is the answer, for the env to read (strictly, then leniently, else its counted fallback); such answers
+are counted in ``stats["survey_unscored"]`` and logged (a warning the first time),
 scoring errors in ``stats["survey_errors"]`` (the slot then answers in free text). A :class:`Trainable`
 subclass answers by generation instead, so that its answer is a recorded turn that co-training scores.
 Subclasses with another notion of their distribution (verbalized sampling) override
@@ -43,7 +45,7 @@ from typing import Any
 
 import numpy as np
 
-from simpop.agents.base import Backend, Chat, SamplingParams
+from simpop.agents.base import Backend, Chat, SamplingParams, ScoringUnsupported
 from simpop.envs.dialogue import parse_observation
 from simpop.seat import (SCENARIO_PERSONAS, SURVEY_KEY, BuildContext, Simulator, SimulatorSpec, Survey, TextFormat,
                          Trainable, survey_of)
@@ -235,6 +237,12 @@ class LLMSimulator(Simulator):
         unique = {key: (chat, survey.options) for key, chat, survey in zip(keys, chats, surveys)}
         try:
             scored = dict(zip(unique, _score_options(self.backend, list(unique.values()))))
+        except ScoringUnsupported as error:  # e.g. a server without prompt_logprobs: said once, then counted
+            self.stats["survey_unscored"] += len(surveys)
+            logger.log(logging.DEBUG if self._warned_unscored else logging.WARNING,
+                       "%s: %s; the survey is answered in free text for the env to read", self.name, error)
+            self._warned_unscored = True
+            return [None] * len(surveys)
         except Exception as error:  # noqa: BLE001 - a failed survey must not end the run: free text instead
             self.stats["survey_errors"] += len(surveys)
             logger.warning("%s: scoring the survey options failed (%s: %s); answering in free text",
@@ -344,8 +352,8 @@ def _hf_model(backend: Any) -> Any:
 
 
 def _can_score(backend: Any) -> bool:
-    return _hf_model(backend) is not None or (callable(getattr(backend, "encode_chat", None))
-                                              and callable(getattr(backend, "token_logprobs", None)))
+    return (_hf_model(backend) is not None or callable(getattr(backend, "score_replies", None))
+            or (callable(getattr(backend, "encode_chat", None)) and callable(getattr(backend, "token_logprobs", None))))
 
 
 def _continuations(backend: Any, chat: Chat, options: Sequence[str]) -> tuple[list[int], list[list[int]]]:
@@ -364,8 +372,10 @@ def _score_options(backend: Any, items: list[tuple[Chat, Sequence[str]]]) -> lis
     """Per (chat, options), each option's summed log-probability as the whole assistant reply."""
     import torch
 
-    encoded = [_continuations(backend, chat, options) for chat, options in items]
     model = _hf_model(backend)
+    if model is None and callable(getattr(backend, "score_replies", None)):  # a server (OpenAIBackend)
+        return [np.array(scores, dtype=float) for scores in backend.score_replies(items)]
+    encoded = [_continuations(backend, chat, options) for chat, options in items]
     with torch.no_grad():
         if model is not None:
             return [_score_with_cache(model, backend, prompt, conts) for prompt, conts in encoded]
