@@ -15,31 +15,16 @@ import torch
 
 from simpop import checkpoint
 from simpop.train import loop
+from tests.train.test_loop import Counter as LoopCounter
 
 CONFIG = loop.LoopConfig(save_every=1, keep_checkpoints=10, tensorboard=False)
 
 
-class Counter:
-    """A Trainer whose state is a counter and one weight; step k reports ``{"value": w}``."""
-
-    policy = None
-    training_simulator = None
-
-    def __init__(self) -> None:
-        self.update_count = 0
-        self.weight = 0.0
-
-    def step(self) -> dict[str, float]:
-        self.update_count += 1
-        self.weight += 0.5
-        return {"value": self.weight}
+class Counter(LoopCounter):
+    """The loop tests' counter trainer, with a tensor in its state (so that a checkpoint has bytes to corrupt)."""
 
     def state_dict(self) -> dict:
-        return {"update_count": self.update_count, "weight": self.weight, "w": torch.full((64,), self.weight)}
-
-    def load_state_dict(self, state: dict) -> None:
-        self.update_count, self.weight = state["update_count"], state["weight"]
-
+        return {**super().state_dict(), "w": torch.full((64,), self.weight)}
 
 
 @pytest.fixture(autouse=True)
