@@ -449,3 +449,14 @@ def test_a_server_without_prompt_logprobs_is_said_once_and_answers_in_free_text(
     with make_server(FakeBackend(name="plain"), port=0).start() as server:  # simpop serve, a backend that cannot
         with pytest.raises(ScoringUnsupported, match="cannot score prompts"):
             OpenAIBackend(server.url, "plain").score_replies([([{"role": "user", "content": "q"}], ("a",))])
+
+
+def test_stating_the_verbalized_survey_distribution_draws_nothing_from_the_slots():
+    sim = VerbalizedSimulator(FakeBackend(respond=lambda c, p, r: verbalized_json(("$1.00", 0.7), ("$0.00", 0.3))),
+                              params=SamplingParams(max_new_tokens=256, temperature=0.7))
+    sim.reset(FakeScenario(), np.random.default_rng(0))
+    state = sim._rngs[0].bit_generator.state
+    first = sim.survey_distribution([survey_observation("hi")], [0], [SURVEY])
+    assert sim._rngs[0].bit_generator.state == state
+    assert sim.survey_distribution([survey_observation("hi")], [0], [SURVEY]) == first  # same chat, same seed
+    assert sim.backend.calls[0][1].seed == sim.backend.calls[1][1].seed

@@ -33,6 +33,7 @@ import json
 import logging
 import math
 import re
+import zlib
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Any
@@ -526,9 +527,10 @@ class VerbalizedSimulator(LLMSimulator):
         for options, members in groups.items():  # one backend call per distinct option list
             k = min(self.k, len(options))
             suffix = VERBALIZED_SURVEY_INSTRUCTIONS.format(k=k, options=", ".join(json.dumps(o) for o in options))
-            params = dataclasses.replace(self.params, seed=self.call_seed([slots[i] for i in members]),
-                                         json_schema=verbalized_schema(k, 1, options) if self.constrained else None)
             chats = [self.survey_chat(observations[i], slots[i], surveys[i], suffix) for i in members]
+            # Seeded by the chats, not the slots' generators: stating the distribution draws nothing.
+            params = dataclasses.replace(self.params, seed=zlib.crc32(json.dumps(chats).encode()) & 0x7FFFFFFF,
+                                         json_schema=verbalized_schema(k, 1, options) if self.constrained else None)
             index = {_key(option): j for j, option in enumerate(options)}
             for i, text in zip(members, self.raw_generate(chats, params), strict=True):
                 probs = [0.0] * len(options)
