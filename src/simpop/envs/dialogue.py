@@ -10,10 +10,10 @@ Contract (DESIGN.md §3):
   the user seat.
 - ``terminated`` means the task ended (the benchmark decided an outcome); ``truncated`` means the
   step cap was hit first.
-- A bad action (wrong type, empty, overlong, unparsable) is rejected: the acting seat gets an error in
-  its next observation, ``info[seat]["invalid_action"]`` says why, the step still counts towards the
-  cap, and the same seat acts again. Misuse (stepping a finished episode, omitting the acting seat,
-  naming an unknown seat) raises a clear error.
+- A bad action (wrong type, empty, overlong, unparsable, nested too deeply to parse) is rejected: the
+  acting seat gets an error in its next observation, ``info[seat]["invalid_action"]`` says why, the step
+  still counts towards the cap, and the same seat acts again. Misuse (stepping a finished episode,
+  omitting the acting seat, naming an unknown seat) raises a clear error.
 """
 
 from __future__ import annotations
@@ -29,6 +29,8 @@ import numpy as np
 from gymnasium import spaces
 from pettingzoo import ParallelEnv
 
+#: Why an action whose validation overflowed the recursion limit (``"[" * 50_000`` read as JSON) is rejected.
+NESTED_TOO_DEEP = "the action is nested too deeply to be read (thousands of '[' or '{'); write a flatter one"
 #: Characters used when *sampling* text; any string is *contained* in a :class:`TextSpace`.
 SAMPLE_CHARSET = string.ascii_letters + string.digits + string.punctuation + " "
 
@@ -199,7 +201,10 @@ class DialogueEnv(ParallelEnv, ABC):
             if other != seat and not _is_empty(action):
                 infos[other]["off_turn_action_ignored"] = True
         self._errors = {}
-        error = self._validate(seat, actions[seat])
+        try:
+            error = self._validate(seat, actions[seat])
+        except RecursionError:  # a recursive parser (JSON) met deeply nested text: the action's fault, not the env's
+            error = NESTED_TOO_DEEP
         self.steps += 1
         if error is None:
             self.to_act = self._apply(seat, actions[seat])

@@ -10,8 +10,13 @@ shared by views whose episodes interleave is refused: see :mod:`simpop.envs.wrap
 from __future__ import annotations
 
 import importlib
+import inspect
+import numbers
+import os
+import types
+import typing
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, Literal
 
 import gymnasium
 
@@ -69,9 +74,76 @@ def spec(id: str) -> EnvSpec:
 
 
 def make(id: str, **kwargs: Any):
-    """Build the PettingZoo env registered as ``id``; keyword arguments override the defaults."""
+    """Build the PettingZoo env registered as ``id``; keyword arguments override the defaults.
+
+    Raises:
+        TypeError: An argument the constructor does not take, or a value of the wrong type for its
+            annotation (``max_turns="abc"``), naming the argument.
+    """
     s = spec(id)
-    return load(s.entry_point)(**{**s.kwargs, **kwargs})
+    factory = load(s.entry_point)
+    check_arguments(id, factory, kwargs)
+    return factory(**{**s.kwargs, **kwargs})
+
+
+def check_arguments(id: str, factory: Any, kwargs: dict[str, Any]) -> None:
+    """Check ``kwargs`` against ``factory``'s signature and annotations (what can be checked is)."""
+    try:
+        signature = inspect.signature(factory)
+    except (TypeError, ValueError):
+        return
+    params = signature.parameters
+    if not any(p.kind is inspect.Parameter.VAR_KEYWORD for p in params.values()):
+        named = [n for n, p in params.items() if p.kind in (p.POSITIONAL_OR_KEYWORD, p.KEYWORD_ONLY)]
+        unknown = sorted(set(kwargs) - set(named))
+        if unknown:
+            raise TypeError(f"{id}: unknown argument(s) {', '.join(unknown)}; valid: {', '.join(named)}")
+    try:
+        hints = typing.get_type_hints(factory.__init__ if isinstance(factory, type) else factory)
+    except Exception:  # unresolvable annotations: leave the checks to the constructor
+        return
+    for name, value in kwargs.items():
+        if name in hints and not _fits(value, hints[name]):
+            raise TypeError(f"{id}: argument {name} must be {_describe(hints[name])}, got {value!r} "
+                            f"({type(value).__name__})")
+
+
+def _fits(value: Any, hint: Any) -> bool:
+    """Whether ``value`` is acceptable for the annotation ``hint`` (unknown kinds of annotation: yes)."""
+    origin = typing.get_origin(hint)
+    if hint is Any:
+        return True
+    if origin in (typing.Union, types.UnionType):
+        return any(_fits(value, arg) for arg in typing.get_args(hint))
+    if origin is Literal:
+        return value in typing.get_args(hint)
+    if hint is type(None) or hint is None:
+        return value is None
+    if hint is bool:
+        return isinstance(value, bool)
+    if hint is int:
+        return isinstance(value, numbers.Integral) and not isinstance(value, bool)
+    if hint is float:
+        return isinstance(value, numbers.Real) and not isinstance(value, bool)
+    if isinstance(hint, type) and issubclass(hint, os.PathLike):
+        return isinstance(value, (str, os.PathLike))
+    if isinstance(origin, type):
+        return isinstance(value, origin)
+    if isinstance(hint, type):
+        return isinstance(value, hint)
+    return True
+
+
+def _describe(hint: Any) -> str:
+    """An annotation in words, for :func:`check_arguments`'s errors."""
+    if typing.get_origin(hint) in (typing.Union, types.UnionType):
+        return " or ".join(_describe(arg) for arg in typing.get_args(hint))
+    if typing.get_origin(hint) is Literal:
+        return "one of " + ", ".join(repr(a) for a in typing.get_args(hint))
+    if hint is type(None):
+        return "None"
+    names = {bool: "a bool", int: "an int", float: "a number", str: "a str"}
+    return names.get(hint, getattr(hint, "__name__", str(hint)))
 
 
 def parse_env_args(pairs: list[str]) -> dict[str, Any]:
@@ -83,5 +155,9 @@ def parse_env_args(pairs: list[str]) -> dict[str, Any]:
         key, sep, value = pair.partition("=")
         if not sep or not key:
             raise ValueError(f"--env-arg takes KEY=VALUE (e.g. max_turns=4), got {pair!r}")
-        out[key] = yaml.safe_load(value)
+        try:
+            out[key] = yaml.safe_load(value)
+        except yaml.YAMLError as error:
+            problem = str(error).splitlines()[0]
+            raise ValueError(f"--env-arg {pair}: the value is not a YAML scalar ({problem})") from None
     return out

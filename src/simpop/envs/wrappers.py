@@ -30,7 +30,7 @@ import gymnasium
 
 from simpop.envs.dialogue import DialogueEnv
 from simpop.envs.registration import load, make, spec
-from simpop.seat import Simulator
+from simpop.seat import Simulator, SimulatorSpec
 
 #: ``id(simulator)`` -> the claim of the view that reset it last (entries go when the simulator does).
 _CLAIMS: dict[int, int] = {}
@@ -39,6 +39,14 @@ _NEXT_CLAIM = itertools.count(1)
 
 class SharedSimulatorError(RuntimeError):
     """A simulator object is shared by several single-agent views whose episodes interleave."""
+
+
+class UnsupportedRenderMode(TypeError, ValueError):
+    """A ``render_mode`` the env does not have (e.g. ``rgb_array``: dialogue envs render text).
+
+    A ``TypeError`` as well, so that callers that try a render mode and fall back without it when the env
+    refuses it (Stable-Baselines3's ``make_vec_env`` asks for ``rgb_array``) do so.
+    """
 
 
 class UserSeat(gymnasium.Env):
@@ -111,7 +119,28 @@ class UserSeat(gymnasium.Env):
 
 def make_user_seat(env_id: str, simulator: Any = None, **kwargs: Any) -> UserSeat:
     """Gymnasium entry point: the registered env's policy seat, with ``simulator`` (default: native), or with
-    what ``simulator()`` returns when it is a factory (a class or a zero-argument callable: one per view)."""
+    what ``simulator()`` returns when it is a factory (a class or a zero-argument callable: one per view).
+
+    Raises:
+        TypeError: ``simulator`` is a spec string (or another non-simulator); envs sit below the simulator
+            registry, so the error says how to build it (``build_simulator``) and pass it.
+        UnsupportedRenderMode: ``render_mode`` is not one of the env's (``ansi``, ``human``).
+    """
+    render_mode = kwargs.get("render_mode")
+    modes = getattr(load(spec(env_id).entry_point), "metadata", {}).get("render_modes", [])
+    if render_mode is not None and render_mode not in modes:
+        raise UnsupportedRenderMode(f"{env_id} does not support render_mode={render_mode!r}; its render modes are "
+                                    f"{modes} (dialogue envs render text), or None")
+    if isinstance(simulator, (str, SimulatorSpec, list, tuple, dict)):
+        shown = simulator if isinstance(simulator, str) else str(simulator)
+        raise TypeError(
+            f"simulator={simulator!r} is a simulator spec; gymnasium.make takes a simulator object or a factory "
+            f"(envs do not build simulators from specs). Build it with simpop.simulators.registry.build_simulator, "
+            f"e.g. gymnasium.make({env_id!r}, simulator=lambda: build_simulator({shown!r}, "
+            f"env=simpop.make({env_id!r})))")
+    if simulator is not None and not callable(simulator) and not (hasattr(simulator, "reset")
+                                                                   and hasattr(simulator, "act")):
+        raise TypeError(f"simulator must be a Simulator or a factory returning one, got {simulator!r}")
     env = make(env_id, **kwargs)
     if simulator is not None and not isinstance(simulator, Simulator) and callable(simulator):
         factory, simulator = simulator, simulator()

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import argparse
+import sys
 from pathlib import Path
 
 
@@ -24,10 +25,20 @@ def configure(parser: argparse.ArgumentParser) -> None:
 
 def run(args: argparse.Namespace) -> int:
     from simpop.experiments.collapse import CollapseConfig, run_collapse
+    from simpop.train.cli import check_out_dir
     from simpop.train.config import build
 
-    config = build(CollapseConfig, args, yaml_path=args.config)
-    out = args.out or Path("runs") / f"collapse-{config.level}"
+    try:  # setup errors are the user's to fix: one line naming the field or flag, exit code 2
+        if args.config is not None and not Path(args.config).is_file():
+            raise ValueError(f"--config {args.config}: no such file")
+        config = build(CollapseConfig, args, yaml_path=args.config)
+        out = args.out or Path("runs") / f"collapse-{config.level}"
+        check_out_dir(out)
+        if not args.resume and (out / "runs").exists():
+            raise ValueError(f"--out {out} already holds a run: pass --resume to continue it, or choose another --out")
+    except (ValueError, TypeError, OSError) as error:
+        print(f"simpop experiment {args.experiment}: error: {error}", file=sys.stderr)
+        return 2
     report = run_collapse(config, out, resume=args.resume, progress=not args.quiet)
     print(f"report: {report}")
     return 0

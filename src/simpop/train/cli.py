@@ -126,27 +126,33 @@ def configure(parser: argparse.ArgumentParser) -> None:
 
 def run(args: argparse.Namespace) -> int:
     entry = TRAINERS[args.trainer]
-    if args.threads is not None:
-        import torch
-
-        torch.set_num_threads(args.threads)
     try:  # setup errors are the user's to fix: say what, without a traceback
         import simpop
         from simpop.envs.registration import parse_env_args
 
+        check_run_flags(args)
+        if args.threads is not None:
+            import torch
+
+            torch.set_num_threads(args.threads)
         configs = build_configs(entry, args)
         kwargs = parse_env_args(args.env_arg)
         env = simpop.make(args.env, **kwargs)
         simulator = args.simulator or [entry.default_simulator]
         spec: Any = simulator[0] if len(simulator) == 1 else simulator
+        check_simulator_fits(spec, env, args.env)
         panel = resolve_panel(args.panel, args.env) if args.panel else ""
         trainer = _load(entry.build)(args.env, env, spec, configs, kwargs)
         evaluate = panel_evaluation(args, env, trainer, kwargs, panel) if panel else None
-        prepare_run_dir(args.out, args.resume, configs, {"trainer": args.trainer, "env": args.env, "simulator": spec,
-                                                         "env_kwargs": kwargs, "panel": panel,
-                                                         "eval_episodes": args.eval_episodes})
-    except (ValueError, KeyError, TypeError, FileNotFoundError) as error:
-        print(f"simpop train {args.trainer}: error: {error}", file=sys.stderr)
+        try:
+            prepare_run_dir(args.out, args.resume, configs, {"trainer": args.trainer, "env": args.env,
+                                                             "simulator": spec, "env_kwargs": kwargs, "panel": panel,
+                                                             "eval_episodes": args.eval_episodes})
+        except OSError as error:
+            raise ValueError(f"--out {args.out}: cannot write the run folder ({error})") from None
+    except (ValueError, KeyError, TypeError, OSError) as error:
+        message = error.args[0] if isinstance(error, KeyError) and error.args else error
+        print(f"simpop train {args.trainer}: error: {message}", file=sys.stderr)
         return 2
     from simpop.train.loop import run as run_loop
 
@@ -271,6 +277,57 @@ def panel_evaluation(args: argparse.Namespace, env: Any, trainer: Any, kwargs: d
 
 
 # ------------------------------------------------------------------------------------------ helpers
+def check_run_flags(args: argparse.Namespace) -> None:
+    """Refuse out-of-range run flags and an ``--out`` that cannot be written, before anything is built."""
+    for flag, value, least in (("--updates", args.updates, 0), ("--eval-episodes", args.eval_episodes, 1),
+                               ("--threads", args.threads, 1)):
+        if value is not None and value < least:
+            raise ValueError(f"{flag} must be >= {least}, got {value}")
+    if args.config is not None and not Path(args.config).is_file():
+        raise ValueError(f"--config {args.config}: no such file")
+    check_out_dir(args.out)
+
+
+def check_out_dir(out: Path, flag: str = "--out") -> None:
+    """Raise a ``ValueError`` naming ``flag`` if ``out`` is not a folder that exists or can be made and written."""
+    import os
+    import tempfile
+
+    out = Path(out).expanduser()
+    if out.exists() and not out.is_dir():
+        raise ValueError(f"{flag} {out}: exists and is not a folder")
+    existing = out
+    while not existing.exists():  # the nearest folder that exists: out is made in it
+        existing = existing.parent
+    if not existing.is_dir():
+        raise ValueError(f"{flag} {out}: cannot make the folder, {existing} is not a folder")
+    try:  # a real write (as root, or on a read-only file system, permission bits do not tell)
+        os.rmdir(tempfile.mkdtemp(prefix=".simpop-write-check-", dir=existing))
+    except OSError as error:
+        raise ValueError(f"{flag} {out}: cannot write in {existing.absolute()} ({error.strerror or error})") from None
+
+
+def check_simulator_fits(spec: Any, env: Any, env_id: str) -> None:
+    """Refuse, before any rollout, simulator specs that write text (LLM kinds) for an env whose user seat takes
+    discrete acts (``frozen:smollm2`` on ``simpop/PersuasionAct-v0``)."""
+    from gymnasium import spaces
+
+    from simpop.seat import SimulatorSpec, inner_kind, kind
+
+    if not isinstance(env.action_space(env.user_seat), spaces.Discrete):
+        return
+    specs = [spec] if isinstance(spec, str) else list(spec) if isinstance(spec, (list, tuple)) else []
+    for text in specs:
+        if not isinstance(text, str):
+            continue
+        parsed = SimulatorSpec.parse(text)
+        if kind(parsed.kind).needs_model and inner_kind(parsed.kind, parsed.model) is None:
+            raise ValueError(f"--simulator {text}: {parsed.kind}:{parsed.model} is a language-model simulator (it "
+                             f"writes text), but {env_id}'s user seat takes discrete acts; use a native kind there "
+                             f"(see `simpop envs`, e.g. persuadee or trainable:persuadee on simpop/PersuasionAct-v0), "
+                             f"or a text env (e.g. simpop/Persuasion-v1) for LLM simulators")
+
+
 def build_configs(entry: TrainerEntry, args: argparse.Namespace) -> dict[str, Any]:
     """Each of the trainer's configs from ``--config`` (by section or flat) and the flags given."""
     from simpop.train.config import build

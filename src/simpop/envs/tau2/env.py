@@ -8,7 +8,7 @@ from typing import Any, ClassVar
 
 from gymnasium import spaces
 
-from simpop.envs.dialogue import DialogueEnv, Outcome, TextSpace, Turn
+from simpop.envs.dialogue import NESTED_TOO_DEEP, DialogueEnv, Outcome, TextSpace, Turn
 from simpop.envs.tau2 import domains as t2
 from simpop.envs.tau2.scenario import Tau2Scenario
 from simpop.envs.tau2.tool_calls import ParsedAction, ToolCallError, format_tool_call, parse_action
@@ -216,6 +216,10 @@ class Tau2Env(DialogueEnv):
             return "empty message: write a message, or a tool call"
         if len(action) > self.max_action_chars:
             return f"message too long ({len(action)} > {self.max_action_chars} characters); write a shorter one"
+        try:
+            action.encode("utf-8")
+        except UnicodeEncodeError:
+            return "the action is not valid Unicode text (it holds unpaired surrogates)"
         if not self._seat_has_tools(seat):
             self._parsed = ParsedAction(content=action)
             return None
@@ -223,6 +227,8 @@ class Tau2Env(DialogueEnv):
             self._parsed = parse_action(action)
         except ToolCallError as e:
             return f"invalid tool call: {e}"
+        except RecursionError:  # JSON nested thousands deep
+            return NESTED_TOO_DEEP
         return None
 
     def _apply(self, seat: str, action: str) -> str:
