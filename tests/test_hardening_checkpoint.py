@@ -27,11 +27,6 @@ class Counter(LoopCounter):
         return {**super().state_dict(), "w": torch.full((64,), self.weight)}
 
 
-@pytest.fixture(autouse=True)
-def _logger_enabled(monkeypatch):
-    """tests/test_layers.py runs import-linter in-process, whose logging set-up disables existing loggers."""
-    monkeypatch.setattr(logging.getLogger("simpop.checkpoint"), "disabled", False)
-
 def _corrupt(path, how: str) -> None:
     data = path.read_bytes()
     if how == "truncated":

@@ -2,11 +2,22 @@
 
 from __future__ import annotations
 
+import logging
 from pathlib import Path
 
+import pytest
 from importlinter.cli import lint_imports
 
 PYPROJECT = Path(__file__).resolve().parents[1] / "pyproject.toml"
+
+
+@pytest.fixture(autouse=True)
+def _keep_loggers_enabled():
+    """import-linter configures logging with ``disable_existing_loggers``: undo that for the tests that follow."""
+    yield
+    for logger in [logging.getLogger(), *logging.Logger.manager.loggerDict.values()]:
+        if isinstance(logger, logging.Logger):
+            logger.disabled = False
 
 
 def test_import_contracts_are_kept():

@@ -15,12 +15,6 @@ from simpop.envs.persuasion.personas import PERSONA_FIELDS, modal_persona
 from tests.envs.persuasion.p4g_fixture import write_p4g_corpus
 
 
-
-@pytest.fixture(autouse=True)
-def _logger_enabled(monkeypatch):
-    """tests/test_layers.py runs import-linter in-process, whose logging set-up disables existing loggers."""
-    monkeypatch.setattr(logging.getLogger("simpop.envs.persuasion.corpus"), "disabled", False)
-
 def _rows(path: Path) -> list[list[str]]:
     with path.open(newline="") as f:
         return list(csv.reader(f))
