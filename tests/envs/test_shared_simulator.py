@@ -25,9 +25,9 @@ def users():
                             "persuadee?temperature=1.2"], env=ACT_ENV)
 
 
-def alone(i: int) -> list[tuple]:
-    """Env i's first episode played alone, with its own simulator: (obs, reward, terminated) per step."""
-    env = gymnasium.make(ENV, simulator=users())
+def alone(i: int, env=None) -> list[tuple]:
+    """Env i's first episode played alone (default: with its own simulator): (obs, reward, terminated) per step."""
+    env = gymnasium.make(ENV, simulator=users()) if env is None else env
     obs, _ = env.reset(seed=SEEDS[i])
     out = [(obs, 0.0, False)]
     for actions in ACTIONS:
@@ -95,14 +95,7 @@ def test_one_simulator_used_by_views_one_after_another_is_fine():
     shared = users()
     first, second = gymnasium.make(ENV, simulator=shared), gymnasium.make(ENV, simulator=shared)
     for i, env in enumerate((first, second)):
-        obs, _ = env.reset(seed=SEEDS[i])
-        out = [(obs, 0.0, False)]
-        for actions in ACTIONS:
-            obs, reward, terminated, truncated, _ = env.step(actions[i])
-            out.append((obs, reward, terminated or truncated))
-            if terminated or truncated:
-                break
-        assert same(out, alone(i))
+        assert same(alone(i, env), alone(i))
 
 
 def test_interleaved_views_raise_until_reset():
