@@ -31,6 +31,20 @@ from pettingzoo import ParallelEnv
 
 #: Why an action whose validation overflowed the recursion limit (``"[" * 50_000`` read as JSON) is rejected.
 NESTED_TOO_DEEP = "the action is nested too deeply to be read (thousands of '[' or '{'); write a flatter one"
+#: Why a text action with unpaired surrogates is rejected (it would break UTF-8 output downstream).
+NOT_UNICODE = "the action is not valid Unicode text (it holds unpaired surrogates)"
+
+
+def is_unicode(*texts: str | None) -> bool:
+    """Whether every text encodes as UTF-8 (no unpaired surrogates); None counts as empty."""
+    try:
+        for text in texts:
+            (text or "").encode("utf-8")
+    except UnicodeEncodeError:
+        return False
+    return True
+
+
 #: Characters used when *sampling* text; any string is *contained* in a :class:`TextSpace`.
 SAMPLE_CHARSET = string.ascii_letters + string.digits + string.punctuation + " "
 

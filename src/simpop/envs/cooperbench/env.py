@@ -42,7 +42,7 @@ from simpop.envs.cooperbench.evaluator import Evaluator, PairResult
 from simpop.envs.cooperbench.patches import is_test_path, path_problem, touched_paths
 from simpop.envs.cooperbench.sandbox import Limits
 from simpop.envs.cooperbench.scenario import FeaturePair, Task
-from simpop.envs.dialogue import DialogueEnv, Outcome, TextSpace, Turn
+from simpop.envs.dialogue import NOT_UNICODE, DialogueEnv, Outcome, TextSpace, Turn, is_unicode
 
 SEATS = ("agent1", "agent2")
 #: Longest action (a write carries a whole file).
@@ -135,11 +135,8 @@ class CooperBenchEnv(DialogueEnv):
             parsed = parse_action(action)
         except ActionError as exc:
             return str(exc)
-        try:
-            for text in (action, parsed.text, parsed.path, parsed.content):
-                (text or "").encode("utf-8")
-        except UnicodeEncodeError:
-            return "the action is not valid Unicode text (it holds unpaired surrogates)"
+        if not is_unicode(action, parsed.text, parsed.path, parsed.content):
+            return NOT_UNICODE
         if parsed.type == "message" and len(parsed.text or "") > MESSAGE_MAX_CHARS:
             return f"messages are limited to {MESSAGE_MAX_CHARS} characters"
         if parsed.path is not None:

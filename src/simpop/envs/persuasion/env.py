@@ -21,7 +21,7 @@ from typing import Any
 import numpy as np
 from gymnasium import spaces
 
-from simpop.envs.dialogue import DialogueEnv, Outcome, TextSpace, Turn
+from simpop.envs.dialogue import NOT_UNICODE, DialogueEnv, Outcome, TextSpace, Turn, is_unicode
 from simpop.envs.persuasion.acts import (DONATING_ACTS, PERSUADEE_ACTS, PERSUADER_ACTS, REFUSING_ACTS,
                                          classify_persuader, render_persuadee, render_persuader)
 from simpop.envs.persuasion.model import AMOUNT_LEVELS
@@ -300,8 +300,8 @@ class PersuasionEnv(_PersuasionEnv):
     def _validate(self, seat: str, action: Any) -> str | None:
         if self.phase == "survey":
             return None  # every answer is read (read_survey_answer), falling back to $0 if need be
-        if isinstance(action, str) and not _is_unicode(action):  # would break UTF-8 output downstream
-            return "the message is not valid Unicode text (it holds unpaired surrogates)"
+        if isinstance(action, str) and not is_unicode(action):
+            return NOT_UNICODE
         if not isinstance(action, str):
             return f"action must be a str (the message), got {type(action).__name__}"
         if not action.strip():
@@ -324,7 +324,7 @@ class PersuasionEnv(_PersuasionEnv):
         return self.policy_seat
 
     def _answer_survey(self, action: Any) -> None:
-        if isinstance(action, str) and not _is_unicode(action):  # kept in info: unpaired surrogates replaced
+        if isinstance(action, str) and not is_unicode(action):  # kept in info: unpaired surrogates replaced
             action = action.encode("utf-8", "replace").decode("utf-8")
         answer = read_survey_answer(action)
         self.survey_answer, self._survey_reply = answer, action if isinstance(action, str) else repr(action)
@@ -349,15 +349,6 @@ class PersuasionEnv(_PersuasionEnv):
         if text is None or self.survey_answer is None:
             return text
         return f"{text}\n[{self.user_seat}, closing survey] {self.survey_answer.option}".lstrip("\n")
-
-
-def _is_unicode(text: str) -> bool:
-    """Whether ``text`` encodes as UTF-8 (no unpaired surrogates)."""
-    try:
-        text.encode("utf-8")
-    except UnicodeEncodeError:
-        return False
-    return True
 
 
 # ---------------------------------------------------------------------------------------------- act level

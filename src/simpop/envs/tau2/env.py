@@ -8,7 +8,7 @@ from typing import Any, ClassVar
 
 from gymnasium import spaces
 
-from simpop.envs.dialogue import NESTED_TOO_DEEP, DialogueEnv, Outcome, TextSpace, Turn
+from simpop.envs.dialogue import NESTED_TOO_DEEP, NOT_UNICODE, DialogueEnv, Outcome, TextSpace, Turn, is_unicode
 from simpop.envs.tau2 import domains as t2
 from simpop.envs.tau2.scenario import Tau2Scenario
 from simpop.envs.tau2.tool_calls import ParsedAction, ToolCallError, format_tool_call, parse_action
@@ -216,10 +216,8 @@ class Tau2Env(DialogueEnv):
             return "empty message: write a message, or a tool call"
         if len(action) > self.max_action_chars:
             return f"message too long ({len(action)} > {self.max_action_chars} characters); write a shorter one"
-        try:
-            action.encode("utf-8")
-        except UnicodeEncodeError:
-            return "the action is not valid Unicode text (it holds unpaired surrogates)"
+        if not is_unicode(action):
+            return NOT_UNICODE
         if not self._seat_has_tools(seat):
             self._parsed = ParsedAction(content=action)
             return None
