@@ -45,13 +45,13 @@ def test_full_finetune_update_changes_parameters_and_masks_simulator_tokens():
     first_end = t.mask.index(1) + t.mask[t.mask.index(1):].index(0)
     assert t.mask.index(1, first_end) - first_end > 3
 
-    logits: list[torch.Tensor] = []
+    hidden: list[torch.Tensor] = []  # the final hidden states, which the LM head reads
 
     def keep(module, args, out):
         out.retain_grad()
-        logits.append(out)
+        hidden.append(out)
 
-    hook = trainer.policy.backend.model.get_output_embeddings().register_forward_hook(keep)
+    hook = trainer.policy.backend.model.model.norm.register_forward_hook(keep)
     before = [p.detach().clone() for p in trainer.policy.parameters()]
     metrics = trainer.update(_with_signal(batch))
     hook.remove()
@@ -59,10 +59,10 @@ def test_full_finetune_update_changes_parameters_and_masks_simulator_tokens():
     assert metrics["policy_entropy"] > 0
     assert metrics["policy_tokens"] == sum(x.policy_tokens for x in batch.trajectories)
     assert any(not torch.equal(b, p) for b, p in zip(before, trainer.policy.parameters()))
-    # Proof of masking: the logits that predict non-policy tokens receive exactly zero gradient.
-    (out,) = logits
+    # Proof of masking: the hidden states that predict non-policy tokens receive exactly zero gradient.
+    (out,) = hidden
     for row, trajectory in enumerate(batch.trajectories):
-        predicts = torch.tensor(trajectory.mask[1:], dtype=torch.bool)  # logits[t] predict token t+1
+        predicts = torch.tensor(trajectory.mask[1:], dtype=torch.bool)  # hidden[t] predicts token t+1
         grad = out.grad[row, :len(predicts)]
         assert torch.all(grad[~predicts] == 0) and torch.any(grad[predicts] != 0)
 

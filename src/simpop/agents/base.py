@@ -126,7 +126,7 @@ class TrainableBackend(TokenBackend, Protocol):
     model: Any
 
     def token_logprobs(self, sequences: list[list[int]], masks: list[list[int]], temperature: float = 1.0) -> Any:
-        """Per-token log-probs and entropies of the masked tokens, with gradient (``TokenScores``)."""
+        """Per-token log-probs (with gradient) and entropies (values) of the masked tokens (``TokenScores``)."""
         ...
 
     def parameters(self, adapter: str | None = None) -> list[Any]:
