@@ -20,6 +20,7 @@ COMMANDS: dict[str, tuple[str, str]] = {
     "experiment": ("simpop.experiments.cli", "run an experiment (collapse)"),
     "audit": ("simpop.evaluation.audit", "measure how diverse simulators' replies are on fixed P4G histories"),
     "eval": ("simpop.evaluation.eval_cli", "benchmark a policy on held-out simulator panels"),
+    "study": ("simpop.study.cli", "run a blinded human study of policies in the browser, and report it"),
 }
 
 

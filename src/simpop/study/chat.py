@@ -1,0 +1,203 @@
+"""One study chat: a person in the user seat, a blinded policy in the other, run by the rollout engine.
+
+A :class:`Chat` runs its dialogue in a background thread through :class:`~simpop.rollout.RolloutEngine` (the
+engine of training and ``simpop eval``) with a :class:`~simpop.study.human.HumanSeat` in the user seat, so the
+env steps and scores the dialogue exactly as in training (P4G: a stated decision, else the closing survey the
+person answers; τ²: τ²'s evaluator). Web requests read the person's view (:meth:`Chat.view`), send messages
+(:meth:`Chat.send`) and wait for the policy's reply. The finished dialogue is an
+:class:`~simpop.evaluation.panel.EpisodeRecord`, as ``simpop eval`` writes it, with the study's data under
+``extra["study"]``: participant, policy label and spec, ratings, timings.
+"""
+
+from __future__ import annotations
+
+import copy
+import json
+import logging
+import threading
+import time
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from datetime import datetime, timezone
+from typing import Any
+
+import numpy as np
+
+from simpop.evaluation.panel import EpisodeRecord, begin_wave, episode_record, transcript_of
+from simpop.rollout import Job, RolloutEngine
+from simpop.seat import survey_of
+from simpop.study.human import Abandoned, HumanSeat
+
+log = logging.getLogger(__name__)
+
+#: ``EpisodeRecord.error`` prefix of a chat the person left (excluded from success and ratings in reports).
+ABANDONED = "Abandoned"
+
+
+@dataclass
+class Arm:
+    """One policy of the study, known to the person only as "the agent".
+
+    Attributes:
+        label: The researcher's name for it (``A``, ``B``, ...), revealed only in the results.
+        spec: Its policy spec (:mod:`simpop.evaluation.policies`).
+        policy: The loaded policy; each chat plays a shallow copy (dialogue-aware policies keep per-dialogue
+            state, the model is shared).
+        lock: One policy call at a time: chats share the arm's model.
+    """
+
+    label: str
+    spec: str
+    policy: Any
+    lock: threading.Lock = field(default_factory=threading.Lock)
+
+
+class _ArmEngine(RolloutEngine):
+    """The rollout engine with the arm's lock held around each policy call."""
+
+    def __init__(self, *args: Any, lock: threading.Lock, **kwargs: Any):
+        super().__init__(*args, **kwargs)
+        self._lock = lock
+
+    def _policy_act(self, turns, rng):  # type: ignore[no-untyped-def]
+        with self._lock:
+            return super()._policy_act(turns, rng)
+
+
+def _now() -> str:
+    return datetime.now(timezone.utc).isoformat(timespec="seconds")
+
+
+class Chat:
+    """One participant's dialogue with one arm (see the module docstring).
+
+    Args:
+        chat_id: Unguessable id (the capability the page uses for this chat).
+        participant: The pseudonymous participant id (the record's ``member``).
+        participant_index: The participant's join order (derives the assignment).
+        number: Which of the participant's chats this is (0, 1, ...; the record's ``trial``).
+        index: The chat's position among all the study's chats (the record's ``index``).
+        arm: The blinded policy.
+        scenario: The scenario id.
+        seed: The env reset seed.
+        make_env: Builds the env.
+        idle_timeout_s: How long the seat waits for the person before the chat is abandoned.
+    """
+
+    def __init__(self, *, chat_id: str, participant: str, participant_index: int, number: int, index: int,
+                 arm: Arm, scenario: str, seed: int, make_env: Callable[[], Any], idle_timeout_s: float):
+        self.id, self.participant, self.participant_index = chat_id, participant, participant_index
+        self.number, self.index, self.arm, self.scenario, self.seed = number, index, arm, scenario, seed
+        self.seat = HumanSeat(idle_timeout_s)
+        self.env = make_env()
+        self.record: EpisodeRecord | None = None
+        self.saved = False
+        self.timings: dict[str, Any] = {"joined": _now()}
+        self._ended_at: float | None = None
+        self._thread = threading.Thread(target=self._run, name=f"study-chat-{index}", daemon=True)
+
+    # ----------------------------------------------------------------- the dialogue thread
+    def start(self) -> None:
+        self._thread.start()
+
+    def _run(self) -> None:
+        policy = copy.copy(self.arm.policy)
+        engine = _ArmEngine(lambda: self.env, policy, self.seat, n_envs=1, lock=self.arm.lock)
+        begin_wave(policy, [self.env])
+        started = time.monotonic()
+        try:
+            (trajectory,) = engine.run([Job(self.scenario, 0, self.seed)], np.random.default_rng(self.seed))
+            record = episode_record(trajectory, self.env, member=self.participant, index=self.index,
+                                    trial=self.number)
+        except Exception as error:
+            abandoned = isinstance(error, Abandoned)
+            if not abandoned:
+                log.warning("chat %d (%s) failed: %s: %s", self.index, self.arm.label, type(error).__name__, error)
+            transcript = transcript_of(self.env)
+            record = EpisodeRecord(member=self.participant, scenario=self.scenario, trial=self.number,
+                                   index=self.index, seed=self.seed, transcript=transcript, turns=len(transcript),
+                                   error=f"{ABANDONED if abandoned else type(error).__name__}: {error}",
+                                   policy_turns=sum(t["seat"] == self.env.policy_seat for t in transcript))
+        record.simulator = self.seat.name
+        self.timings.update(ended=_now(), chat_s=round(time.monotonic() - started, 3),
+                            policy_s=round(engine.stats.policy_s, 3), human_s=round(sum(self.seat.turn_s), 3),
+                            human_turn_s=[round(s, 3) for s in self.seat.turn_s])
+        self._ended_at = time.monotonic()
+        self.record = record
+        self.seat.notify()
+
+    # ----------------------------------------------------------------- what requests do
+    @property
+    def done(self) -> bool:
+        return self.record is not None
+
+    @property
+    def abandoned(self) -> bool:
+        return self.record is not None and (self.record.error or "").startswith(ABANDONED)
+
+    def ended_for(self) -> float:
+        """Seconds since the dialogue ended (0 while it runs)."""
+        return 0.0 if self._ended_at is None else time.monotonic() - self._ended_at
+
+    def wait_turn(self, timeout_s: float, after: int = -1) -> bool:
+        """Wait until the person is asked (for the ``after``-th time or later) or the dialogue ends."""
+        return self.seat.wait(lambda: self.done or (self.seat.observation is not None and self.seat.asks > after),
+                              timeout_s)
+
+    def send(self, text: str, timeout_s: float) -> None:
+        """The person's message (or survey answer); waits up to ``timeout_s`` for their next turn or the end.
+
+        Raises:
+            RuntimeError: It is not the person's turn (or the chat is over).
+        """
+        if self.done:
+            raise RuntimeError("this chat is over")
+        asked = self.seat.asks
+        self.seat.reply(text)
+        self.wait_turn(timeout_s, after=asked)
+
+    def close(self, timeout_s: float = 5.0) -> None:
+        """End the dialogue now (a pending turn is abandoned) and wait for its record."""
+        self.seat.close()
+        self._thread.join(timeout_s)
+
+    def view(self) -> dict[str, Any]:
+        """What the person sees: the brief, the messages, whose turn it is, a survey, the last error.
+
+        Never the policy's label, spec, reward or the env's info.
+        """
+        observation = self.seat.observation
+        if isinstance(observation, str):
+            parsed = json.loads(observation)
+            survey = survey_of(observation)
+            messages = parsed.get("messages", [])
+            turn, error = "you", parsed.get("error")
+            instructions = parsed.get("instructions") or ""
+        else:
+            survey, error = None, None
+            messages = self.env.chat_view(self.env.user_seat) if self.env.scenario is not None else []
+            turn = "done" if self.done else "agent"
+            instructions = self._instructions()
+        return {"chat": self.id, "number": self.number, "turn": turn, "instructions": instructions,
+                "messages": [{"from": _speaker(m.get("role")), "text": str(m.get("content", ""))} for m in messages],
+                "survey": survey.as_dict() if survey is not None else None, "error": error,
+                "abandoned": self.abandoned, "rated": self.saved}
+
+    def _instructions(self) -> str:
+        scenario = self.env.scenario
+        return scenario.user_instructions() if scenario is not None else ""
+
+    def finish(self, ratings: dict[str, Any] | None) -> EpisodeRecord:
+        """The finished record with the study's data (``extra["study"]``); ``ratings`` None when not given."""
+        if self.record is None:
+            raise RuntimeError("the chat is still running")
+        self.timings.setdefault("rated", _now() if ratings is not None else None)
+        self.record.extra["study"] = {"participant": self.participant, "participant_index": self.participant_index,
+                                      "chat": self.number, "policy": self.arm.label, "policy_spec": self.arm.spec,
+                                      "ratings": ratings, "timings": self.timings}
+        return self.record
+
+
+def _speaker(role: Any) -> str:
+    """Who wrote a message of the user seat's chat view: the person's own turns are ``assistant``."""
+    return {"assistant": "you", "tool": "tool"}.get(str(role), "agent")
