@@ -8,13 +8,20 @@
   size (the oldest leaves first) and sampled with more weight on recent snapshots.
 - :class:`Panel` is a named set of simulators that training never sees; it checks that it is
   disjoint from the training simulators (see :meth:`Panel.check_disjoint` for the exact rule).
+
+A population also tracks what each member contributes to training (:meth:`Population.record_groups`,
+:meth:`Population.contributions`): the share of its dialogues that sat in *informative* GRPO groups (rewards
+not all equal: the only groups with a gradient) and the policy's improvement against it (success in the newer
+half of its remembered dialogues minus the older half). :meth:`Population.reweight` sets weights from that,
+:meth:`Population.prune` retires members that give no signal and keeps the pool within a cap; neither ever
+removes the last member.
 """
 
 from __future__ import annotations
 
 import copy
 from collections import deque
-from collections.abc import Collection, Iterator, Mapping, Sequence
+from collections.abc import Callable, Collection, Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any, Protocol, runtime_checkable
 
@@ -31,6 +38,24 @@ class _Entry:
     simulator: Simulator
     weight: float
     outcomes: deque = field(default_factory=deque)  # 1 = the policy failed, 0 = it succeeded
+    groups: deque = field(default_factory=deque)  # per dialogue: (informative group?, success)
+
+
+@dataclass(frozen=True)
+class Contribution:
+    """What one member gave training lately (see :meth:`Population.contributions`).
+
+    Attributes:
+        dialogues: Dialogues remembered (at most the population's ``window``).
+        informative_share: Share of them in GRPO groups whose rewards were not all equal (nan with none).
+        improvement: Policy success against the member in the newer half minus the older half (nan below 4).
+        success: Policy success against the member over the remembered dialogues (nan with none).
+    """
+
+    dialogues: int
+    informative_share: float
+    improvement: float
+    success: float
 
 
 class Population(Simulator):
@@ -97,7 +122,124 @@ class Population(Simulator):
         if any(e.simulator.name == simulator.name for e in self._entries):
             raise ValueError(f"two members are named {simulator.name!r}; give each member a unique name")
         self._check_floor(len(self._entries) + 1)
-        self._entries.append(_Entry(simulator, float(weight), deque(maxlen=self.window)))
+        self._entries.append(_Entry(simulator, float(weight), deque(maxlen=self.window), deque(maxlen=self.window)))
+
+    def remove(self, name: str) -> Simulator:
+        """Retire the member named ``name`` (never the last one).
+
+        Raises:
+            KeyError: no such member.
+            ValueError: it is the last member.
+        """
+        index = next((i for i, e in enumerate(self._entries) if e.simulator.name == name), None)
+        if index is None:
+            raise KeyError(f"population {self.name!r} has no member {name!r}")
+        if len(self._entries) == 1:
+            raise ValueError(f"population {self.name!r}: cannot remove its last member {name!r}")
+        return self._entries.pop(index).simulator
+
+    def pool_state(self) -> dict[str, Any]:
+        """The members' names, weights and recorded outcomes and contributions, and the rule (for checkpoints)."""
+        return {"rule": self.rule, "members": [{"name": e.simulator.name, "weight": e.weight,
+                                                "outcomes": list(e.outcomes), "groups": [list(g) for g in e.groups]}
+                                               for e in self._entries]}
+
+    def load_pool_state(self, state: Mapping[str, Any], build: Callable[[str], Simulator]) -> None:
+        """Restore :meth:`pool_state`: members kept by name, missing ones made by ``build(name)``, order, weights
+        and records as saved."""
+        current = {e.simulator.name: e for e in self._entries}
+        entries = []
+        for saved in state["members"]:
+            entry = current.get(saved["name"]) or _Entry(build(saved["name"]), 1.0, deque(maxlen=self.window),
+                                                         deque(maxlen=self.window))
+            entry.simulator.name = saved["name"]
+            entry.weight = float(saved["weight"])
+            entry.outcomes = deque(saved["outcomes"], maxlen=self.window)
+            entry.groups = deque((tuple(g) for g in saved["groups"]), maxlen=self.window)
+            entries.append(entry)
+        if not entries:
+            raise ValueError("a saved population state has no members")
+        self._entries, self.rule = entries, state["rule"]
+
+    # ----------------------------------------------------------------- contributions
+    def record_groups(self, members: Sequence[str], groups: Sequence[Any], rewards: Sequence[float],
+                      successes: Sequence[bool] | None = None) -> None:
+        """Record one update's dialogues: who drove each (member name), its GRPO group and its reward.
+
+        A dialogue is informative when its group's rewards are not all equal. Names of members no longer in
+        the population (or never in it) are ignored.
+        """
+        if not len(members) == len(groups) == len(rewards):
+            raise ValueError(f"record_groups needs one member, group and reward per dialogue; got {len(members)}, "
+                             f"{len(groups)}, {len(rewards)}")
+        successes = [r > self.failure_threshold for r in rewards] if successes is None else successes
+        by_group: dict[Any, list[float]] = {}
+        for g, r in zip(groups, rewards):
+            by_group.setdefault(g, []).append(float(r))
+        informative = {g: len(rs) > 1 and max(rs) > min(rs) for g, rs in by_group.items()}
+        entries = {e.simulator.name: e for e in self._entries}
+        for name, g, ok in zip(members, groups, successes):
+            if name in entries:
+                entries[name].groups.append((informative[g], bool(ok)))
+
+    def contributions(self) -> dict[str, Contribution]:
+        """Each member's :class:`Contribution` over its last ``window`` recorded dialogues."""
+        out = {}
+        for e in self._entries:
+            seen = list(e.groups)
+            n = len(seen)
+            informative = float(np.mean([i for i, _ in seen])) if n else float("nan")
+            success = float(np.mean([s for _, s in seen])) if n else float("nan")
+            improvement = (float(np.mean([s for _, s in seen[n - n // 2:]]) - np.mean([s for _, s in seen[:n // 2]]))
+                           if n >= 4 else float("nan"))
+            out[e.simulator.name] = Contribution(n, informative, improvement, success)
+        return out
+
+    def reweight(self, floor: float = 0.05) -> dict[str, float]:
+        """Set each member's weight to its informative share (at least ``floor``; members with no record keep 1)
+        and switch a ``uniform`` population to ``weighted``; returns the new weights."""
+        if not 0 < floor <= 1:
+            raise ValueError(f"floor must be in (0, 1], got {floor}")
+        contributions = self.contributions()
+        for e in self._entries:
+            share = contributions[e.simulator.name].informative_share
+            e.weight = 1.0 if not np.isfinite(share) else max(floor, share)
+        if self.rule == "uniform":
+            self.rule = "weighted"
+        return {e.simulator.name: e.weight for e in self._entries}
+
+    def prune(self, cap: int, min_informative: float = 0.05, min_dialogues: int = 16,
+              protected: Collection[str] = ()) -> list[str]:
+        """Retire members that give no signal, then the least informative until at most ``cap`` remain.
+
+        A member gives no signal when it has at least ``min_dialogues`` recorded dialogues and an informative
+        share below ``min_informative``. Over the cap, members are retired in order of informative share (a
+        member without enough records counts as fully informative: it has not been judged yet), oldest first
+        on ties. ``protected`` names are never retired; neither is the last member. Returns the retired names.
+
+        Raises:
+            ValueError: ``cap`` < 1.
+        """
+        if cap < 1:
+            raise ValueError(f"cap must be >= 1, got {cap}")
+        contributions = self.contributions()
+
+        def score(e: _Entry) -> float:
+            c = contributions[e.simulator.name]
+            return c.informative_share if c.dialogues >= min_dialogues else 1.0
+
+        removed = []
+        for e in list(self._entries):
+            if (len(self._entries) > 1 and e.simulator.name not in protected
+                    and contributions[e.simulator.name].dialogues >= min_dialogues and score(e) < min_informative):
+                self.remove(e.simulator.name)
+                removed.append(e.simulator.name)
+        candidates = sorted((e for e in self._entries if e.simulator.name not in protected), key=score)
+        while len(self._entries) > max(cap, 1) and candidates:
+            name = candidates.pop(0).simulator.name
+            self.remove(name)
+            removed.append(name)
+        return removed
 
     def failure_rates(self) -> list[float]:
         """Smoothed failure rate of the policy against each member (see the class docstring)."""

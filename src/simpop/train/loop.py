@@ -14,6 +14,11 @@ run does not repeat it), every ``eval_every`` updates and after the last. A kill
 newest checkpoint continues exactly as an uninterrupted one (the log is cut back to that checkpoint and the
 global RNG states are restored with it); a corrupted newest checkpoint is skipped, with a warning naming it, for
 the newest intact one.
+
+With ``LoopConfig(monitor=True)`` and a ``probe``, a :class:`~simpop.train.monitor.CollapseMonitor` watches every
+update and every probe (each ``probe_every`` updates: records of kind ``"probe"``); when it fires it logs a
+``"collapse_warning"`` record and acts by ``on_collapse``: ``warn`` (only that), ``stop`` (checkpoint and end the
+run) or ``add-simulators`` (call ``grow``, e.g. failure-driven simulator generation, and log what it added).
 """
 
 from __future__ import annotations
@@ -65,26 +70,49 @@ class LoopConfig:
         keep_checkpoints: Checkpoints kept on disk (older ones are deleted).
         eval_every: Updates between evaluations when the run has an evaluation (also at 0 and at the end).
         tensorboard: Also write TensorBoard scalars under ``tb/`` (when TensorBoard is installed).
+        monitor: Run the collapse early warning (:mod:`simpop.train.monitor`); needs a probe panel.
+        probe_panel: The monitor's probe panel: a named panel or panel YAML (``simpop train``); it must differ
+            from the held-out ``--panel``.
+        probe_every: Updates between probe evaluations.
+        probe_episodes: Dialogues per probe member and probe.
+        on_collapse: What a warning does: ``warn``, ``stop`` (end the run) or ``add-simulators`` (grow the
+            training pool with failure-driven simulators, :mod:`simpop.simulators.generation`).
     """
 
     save_every: int = 1
     keep_checkpoints: int = 3
     eval_every: int = 10
     tensorboard: bool = True
+    monitor: bool = False
+    probe_panel: str | None = None
+    probe_every: int = 10
+    probe_episodes: int = 16
+    on_collapse: str = "warn"
 
     def __post_init__(self) -> None:
-        for key in ("save_every", "keep_checkpoints", "eval_every"):
+        from simpop.train.monitor import ON_COLLAPSE
+
+        for key in ("save_every", "keep_checkpoints", "eval_every", "probe_every", "probe_episodes"):
             if getattr(self, key) < 1:
                 raise ValueError(f"LoopConfig: {key} must be >= 1, got {getattr(self, key)}")
+        if self.on_collapse not in ON_COLLAPSE:
+            raise ValueError(f"LoopConfig: on_collapse must be one of {', '.join(ON_COLLAPSE)}, got "
+                             f"{self.on_collapse!r}")
 
 
 #: Called with ``(step, record)`` for every record written (progress bars, parent processes).
 Reporter = Callable[[int, dict[str, Any]], None]
+#: ``probe(step) -> {member: success}``: the collapse monitor's probe panel.
+Probe = Callable[[int], dict[str, float]]
+#: ``grow(step, warning_record) -> record``: what ``on_collapse="add-simulators"`` calls (what it added, logged).
+Grow = Callable[[int, dict[str, Any]], dict[str, Any]]
+_MONITOR_KEY = "collapse_monitor"
 
 
 def run(trainer: Trainer, updates: int, run_dir: str | Path | None = None, *, config: LoopConfig | None = None,
         resume: bool = False, evaluate: Callable[[int], dict[str, Any]] | None = None,
-        report: Reporter | None = None, progress: bool = False, desc: str = "train") -> list[dict[str, float]]:
+        report: Reporter | None = None, progress: bool = False, desc: str = "train", probe: Probe | None = None,
+        grow: Grow | None = None, monitor: Any = None) -> list[dict[str, float]]:
     """Run ``trainer`` until it has completed ``updates`` updates.
 
     Args:
@@ -98,6 +126,10 @@ def run(trainer: Trainer, updates: int, run_dir: str | Path | None = None, *, co
         report: Also called with every record written.
         progress: Show a tqdm progress bar.
         desc: The progress bar's label.
+        probe: The monitor's probe (needed with ``config.monitor``).
+        grow: What ``on_collapse="add-simulators"`` calls.
+        monitor: A :class:`~simpop.train.monitor.CollapseMonitor` to use (default: a new one with the default
+            rule when ``config.monitor``); its state is checkpointed with the trainer's.
 
     Returns:
         The training metrics of the updates run by this call.
@@ -107,11 +139,22 @@ def run(trainer: Trainer, updates: int, run_dir: str | Path | None = None, *, co
     if resume and run_dir is None:
         raise ValueError("resume=True needs the run_dir to resume from")
     config = config or LoopConfig()
+    if config.monitor and monitor is None:
+        from simpop.train.monitor import CollapseMonitor
+
+        monitor = CollapseMonitor()
+    if monitor is not None and probe is None:
+        raise ValueError("the collapse monitor needs a probe panel (probe=..., simpop train --probe-panel)")
+    if monitor is not None and config.on_collapse == "add-simulators" and grow is None:
+        raise ValueError("on_collapse='add-simulators' needs grow=... (a failure-driven simulator generator)")
     run_dir = Path(run_dir) if run_dir is not None else None
     start, resumed = 0, False
     if resume and (found := checkpoint.load_latest(run_dir)) is not None:
         _, start, state = found
+        monitor_state = state.pop(_MONITOR_KEY, None)
         trainer.load_state_dict(state)
+        if monitor is not None and monitor_state is not None:
+            monitor.load_state_dict(monitor_state)
         resumed = True
     logger = None
     if run_dir is not None:
@@ -127,7 +170,24 @@ def run(trainer: Trainer, updates: int, run_dir: str | Path | None = None, *, co
 
     def save(step: int) -> None:
         if run_dir is not None:
-            checkpoint.save(run_dir, step, trainer.state_dict(), keep=config.keep_checkpoints)
+            state = trainer.state_dict()
+            if monitor is not None:
+                state = {**state, _MONITOR_KEY: monitor.state_dict()}
+            checkpoint.save(run_dir, step, state, keep=config.keep_checkpoints)
+
+    def watch(step: int) -> bool:
+        """Probe when due and judge; True when the run must stop."""
+        if monitor is None or step % config.probe_every != 0:
+            return False
+        record = monitor.observe_probe(step, probe(step))
+        log(step, {"kind": "probe", **record})
+        if not record["warning_fired_now"]:
+            return False
+        log(step, {"kind": "collapse_warning", "action": config.on_collapse,
+                   **{k: v for k, v in record.items() if k.startswith("indicator/")}})
+        if config.on_collapse == "add-simulators":
+            log(step, {"kind": "pool_growth", **grow(step, record)})
+        return config.on_collapse == "stop"
 
     from simpop.progress import progress_bar
 
@@ -139,14 +199,19 @@ def run(trainer: Trainer, updates: int, run_dir: str | Path | None = None, *, co
             save(0)
         for step in range(start + 1, updates + 1):
             metrics = trainer.step()
+            if monitor is not None:
+                metrics.update(monitor.observe_update(step, metrics))
             history.append(metrics)
             log(step, {"kind": "train", **metrics})
-            evaluated = evaluate is not None and (step % config.eval_every == 0 or step == updates)
+            stop = watch(step)
+            evaluated = evaluate is not None and (step % config.eval_every == 0 or step == updates or stop)
             if evaluated:
                 log(step, {"kind": "eval", **evaluate(step)})
-            if evaluated or step % config.save_every == 0 or step == updates:
+            if evaluated or step % config.save_every == 0 or step == updates or stop:
                 save(step)
             bar.update(1)
+            if stop:
+                break
     finally:
         bar.close()
         if logger is not None:

@@ -12,6 +12,8 @@ and hands TRL, per dialogue:
 - ``logprobs``: the sampling log-probs (0 where ``env_mask`` is 0);
 - extra fields ``env_reward``, ``success`` and ``simulator`` for reward functions (:func:`env_reward`).
 
+:func:`collapse_callback` runs the collapse early warning (:mod:`simpop.train.monitor`) inside TRL.
+
 The dataset's prompts are scenario ids (:func:`scenario_dataset`); TRL repeats each one
 ``num_generations`` times, which makes the GRPO groups. Example::
 
@@ -133,3 +135,73 @@ def _scenario_id(prompt: Any) -> str:
     if isinstance(prompt, list) and prompt and isinstance(prompt[-1], dict):
         return str(prompt[-1]["content"])
     raise TypeError(f"simpop's rollout_func expects scenario ids as prompts (see scenario_dataset), got {prompt!r}")
+
+
+#: TRL log keys the collapse monitor reads, by the simpop metric they stand for (first present wins).
+TRL_MONITOR_KEYS = {
+    "success": ("rewards/env_reward/mean", "reward"),
+    "zero_var_frac": ("frac_reward_zero_std",),
+    "policy_entropy": ("entropy",),
+}
+
+
+def monitor_metrics(logs: dict[str, Any]) -> dict[str, float]:
+    """The collapse monitor's inputs from one TRL log (:data:`TRL_MONITOR_KEYS`; absent ones are left out)."""
+    out = {}
+    for name, keys in TRL_MONITOR_KEYS.items():
+        found = next((logs[k] for k in keys if isinstance(logs.get(k), (int, float))), None)
+        if found is not None:
+            out[name] = float(found)
+    return out
+
+
+def collapse_callback(probe: Callable[[int], dict[str, float]], probe_every: int = 10, on_collapse: str = "warn",
+                      monitor: Any = None, grow: Callable[[int, dict[str, Any]], dict[str, Any]] | None = None):
+    """A ``transformers.TrainerCallback`` that runs the collapse monitor (:mod:`simpop.train.monitor`) in TRL.
+
+    Every TRL log feeds :meth:`CollapseMonitor.observe_update` (:func:`monitor_metrics`: env reward as success,
+    ``frac_reward_zero_std``, ``entropy``); every ``probe_every`` optimiser steps ``probe(step)`` (success per
+    probe member, e.g. :func:`simpop.evaluation.panel.evaluate` ``.per_member`` on the trainer's model) feeds
+    :meth:`observe_probe`. Probe records and the warning go into TRL's logs (``monitor/...``); on firing,
+    ``on_collapse="stop"`` sets ``control.should_training_stop`` and ``"add-simulators"`` calls ``grow``.
+    The monitor is the callback's ``monitor`` attribute.
+    """
+    from transformers import TrainerCallback
+
+    from simpop.train.monitor import ON_COLLAPSE, CollapseMonitor
+
+    if on_collapse not in ON_COLLAPSE:
+        raise ValueError(f"on_collapse must be one of {', '.join(ON_COLLAPSE)}, got {on_collapse!r}")
+    if on_collapse == "add-simulators" and grow is None:
+        raise ValueError("on_collapse='add-simulators' needs grow=...")
+    if probe_every < 1:
+        raise ValueError(f"probe_every must be >= 1, got {probe_every}")
+
+    class CollapseCallback(TrainerCallback):
+        def __init__(self) -> None:
+            self.monitor = monitor if monitor is not None else CollapseMonitor()
+            self.pending: dict[str, Any] = {}
+
+        def on_log(self, args: Any, state: Any, control: Any, logs: dict[str, Any] | None = None, **kwargs: Any):
+            if logs is None:
+                return
+            metrics = monitor_metrics(logs)
+            if metrics:
+                logs.update(self.monitor.observe_update(int(state.global_step), metrics))
+            logs.update(self.pending)
+            self.pending = {}
+
+        def on_step_end(self, args: Any, state: Any, control: Any, **kwargs: Any):
+            step = int(state.global_step)
+            if step % probe_every != 0:
+                return
+            record = self.monitor.observe_probe(step, probe(step))
+            self.pending = {f"monitor/{k}": v for k, v in record.items() if isinstance(v, (int, float))}
+            if record["warning_fired_now"]:
+                if on_collapse == "stop":
+                    control.should_training_stop = True
+                elif on_collapse == "add-simulators":
+                    added = grow(step, record)
+                    self.pending["monitor/added_simulators"] = float(added.get("added", 0))
+
+    return CollapseCallback()

@@ -98,7 +98,7 @@ def test_spec_strings_build_tau2_user_simulators():
     assert type(frozen.text_format) is DialogueFormat and type(verbal.text_format) is DialogueFormat
     play(UserSeat(env, frozen), "create_task_1")
     assert backends["fake"].calls[0][0][0][0] == {"role": "system", "content": env.scenario.user_instructions()}
-    with pytest.raises(ValueError, match="persona_set"):  # τ² names no persona sets
+    with pytest.raises(ValueError, match="unknown τ² persona set 'heldout'"):  # only written-<sha> sets
         build_simulator("frozen:fake?personas=heldout", env=env, backends=backends)
 
 

@@ -3,7 +3,8 @@
 - :class:`PersuasionScenario`: one episode's setting (persona + context) and both seats' prompts.
 - :func:`default_scenarios`: ``p4g-0000`` ... personas drawn from :class:`PersonaSampler` with a fixed seed.
 - :func:`corpus_scenarios`: one scenario per P4G corpus dialogue (``p4g-corpus-<id>``, the real persuadee).
-- :func:`persona_set`: named persona sets for simulator specs (``modal``, ``heldout-<n>-<seed>``).
+- :func:`persona_set`: named persona sets for simulator specs (``modal``, ``heldout-<n>-<seed>``, and the
+  generated ``region-...`` / ``written-...`` sets of :mod:`.failures`).
 """
 
 from __future__ import annotations
@@ -60,12 +61,16 @@ def persona_set(name: str, training: tuple[Persona, ...]) -> tuple[Persona, ...]
     """The personas of set ``name``, given the training personas (the env's ``persona_set`` documents the names)."""
     if name == "modal":
         return (modal_persona(),)
+    if name.startswith(("region-", "written-")):  # generated from lost dialogues (failures.py)
+        from simpop.envs.persuasion.failures import persona_set as generated
+
+        return generated(name)
     prefix, *rest = name.split("-")
     if name == "heldout":
         rest = ["300", "4242"]
     if prefix != "heldout" or len(rest) != 2 or not all(x.isdigit() for x in rest) or int(rest[0]) < 1:
         raise ValueError(f"unknown P4G persona set {name!r}; use modal, heldout or heldout-<n>-<seed> "
-                         f"(e.g. heldout-300-4242), or scenario")
+                         f"(e.g. heldout-300-4242), region-<n>-<seed>:<clauses>, written-<sha>, or scenario")
     seen = set(training) | {modal_persona()}
     drawn = PersonaSampler().sample_many(int(rest[0]), np.random.default_rng(int(rest[1])))
     kept = tuple(p for p in drawn if p not in seen)

@@ -161,6 +161,13 @@ class Tau2Env(DialogueEnv):
         d = t2.domain(self.domain)
         return Tau2Scenario.from_task(d, d.tasks[scenario_id])
 
+    def persona_set(self, name: str) -> tuple[str, ...]:
+        """Named user-persona sets for simulator specs (``personas=NAME``): ``written-<sha>``, personas an LLM
+        wrote from lost dialogues (:mod:`.failures`)."""
+        from simpop.envs.tau2.failures import persona_set
+
+        return persona_set(name)
+
     def _start(self) -> None:
         d = t2.domain(self.domain)
         self._agent, self._user = _SeatAgent(), _SeatUser()

@@ -1,0 +1,415 @@
+"""``simpop experiment adaptive``: a fixed random pool vs a failure-driven pool vs population co-training.
+
+The act-level P4G policy (``simpop/PersuasionAct-v0``) is trained with GRPO, equal policy budgets (updates x
+dialogues per update) and the same seeds, under three conditions, and evaluated every ``eval_every`` updates
+on the collapse experiment's held-out panel (:func:`simpop.experiments.collapse.panel_specs`: three jittered
+persuadee models at temperatures 0.8/0.9/1.2 playing held-out personas):
+
+1. ``fixed`` — a pool fixed at the start: the base persuadee over the scenario personas plus ``cap - 1``
+   persuadees over *random* persona regions (two numeric attributes, a random side of each marginal's mean,
+   drawn with the run's seed, blind to the policy). Uniform sampling; contributions are recorded, never acted on.
+2. ``failure`` — the failure-driven pool: starts with the base persuadee alone; every ``grow_every`` updates
+   the policy plays the *probe panel* (two other jittered persuadee models, ``heldout-10`` and ``heldout-11``
+   at temperature 1.1, over the scenario personas: never the held-out panel, so growth does not see the test),
+   the lost dialogues' persona regions become up to ``grow_count`` new persuadees
+   (:mod:`simpop.envs.persuasion.failures`), checked against the held-out panel
+   (:func:`simpop.simulators.generation.generate`), and the pool is reweighted by each member's share of
+   informative groups and pruned to ``cap`` (:class:`simpop.train.pool.PoolGrower`). Its probe dialogues are
+   extra compute, reported in the compute curve.
+3. ``population`` — population co-training, exactly the collapse experiment's ``population`` condition.
+4. ``failure-keep-base`` (not run by default; defined *after* the first results, which showed pruning retire the
+   base persuadee within 20 updates and the pool chase the newest failure regions) — ``failure`` with the base
+   persuadee protected from pruning, so generated simulators complement the scenario population instead of
+   replacing it.
+
+Outputs in ``out``: ``runs/<condition>/seed<k>/`` (metrics, checkpoints; ``--resume`` continues them),
+``metrics.jsonl``, ``summary.json``, ``report.md`` (final held-out success with 95% t-CIs over seeds, paired
+comparisons, verdicts computed from the data) and plots (held-out success by update and by dialogues run,
+pool size).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import math
+import time
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from simpop.train.cotrain import CoTrainConfig
+from simpop.train.grpo import GRPOConfig
+from simpop.train.pool import PoolConfig
+
+CONDITIONS = ("fixed", "failure", "failure-keep-base", "population")
+#: Run by default (failure-keep-base was added after the first results; see the module docstring).
+DEFAULT_CONDITIONS = ("fixed", "failure", "population")
+ENV_ID = "simpop/PersuasionAct-v0"
+#: The probe panel: persuadee models neither training nor the held-out panel uses, over the scenario personas.
+PROBE_MODELS = ("heldout-10", "heldout-11")
+PROBE_TEMPERATURE = 1.1
+BASE_SPEC = "persuadee?temperature=1.0"
+
+
+@dataclass(frozen=True)
+class AdaptiveConfig:
+    """Settings of ``simpop experiment adaptive`` (flags are generated from these fields).
+
+    Attributes:
+        seeds: Seeds per condition (the same for every condition).
+        first_seed: The first seed.
+        conditions: A subset of fixed, failure, failure-keep-base, population (default: all but
+            failure-keep-base).
+        updates: Policy updates per run (the equal budget).
+        eval_every: Updates between held-out evaluations (also at 0 and at the end).
+        eval_episodes: Dialogues per held-out member (and on the training pool) per evaluation.
+        grow_every: Updates between growth rounds of the failure-driven pool.
+        max_turns: Persuader turns per dialogue.
+        pool: Pool size cap, simulators added per round, probe dialogues per member, pruning thresholds
+            (:class:`~simpop.train.pool.PoolConfig`); the fixed pool has ``cap`` members.
+        grpo: The policy trainer (default: the collapse experiment's act level, 8 x 8 dialogues).
+        cotrain: Population co-training (default: the collapse experiment's).
+        heldout_personas: Size of the held-out panel's persona set.
+        heldout_seed: Seed of the held-out personas and models.
+        workers: Parallel processes over (condition, seed) runs.
+        threads: Torch threads per run.
+    """
+
+    seeds: int = 3
+    first_seed: int = 0
+    conditions: tuple[str, ...] = DEFAULT_CONDITIONS
+    updates: int = 60
+    eval_every: int = 20
+    eval_episodes: int = 32
+    grow_every: int = 10
+    max_turns: int = 10
+    pool: PoolConfig | None = None
+    grpo: GRPOConfig | None = None
+    cotrain: CoTrainConfig | None = None
+    heldout_personas: int = 300
+    heldout_seed: int = 4242
+    workers: int = 2
+    threads: int = 1
+
+    def __post_init__(self) -> None:
+        from simpop.experiments.collapse import default_cotrain, default_grpo
+        from simpop.train.config import nested
+
+        for key, cls, default in (("pool", PoolConfig, PoolConfig()), ("grpo", GRPOConfig, default_grpo("act")),
+                                  ("cotrain", CoTrainConfig, default_cotrain("act"))):
+            try:
+                object.__setattr__(self, key, nested(getattr(self, key), cls, default))
+            except (TypeError, ValueError) as error:
+                raise ValueError(f"AdaptiveConfig: {key}: {error}") from None
+        unknown = sorted(set(self.conditions) - set(CONDITIONS))
+        if unknown or not self.conditions or len(set(self.conditions)) != len(self.conditions):
+            raise ValueError(f"AdaptiveConfig: conditions must be distinct and from {', '.join(CONDITIONS)}; "
+                             f"got {list(self.conditions)}")
+        for key in ("seeds", "updates", "eval_every", "eval_episodes", "grow_every", "max_turns", "workers",
+                    "threads", "heldout_personas"):
+            if getattr(self, key) < 1:
+                raise ValueError(f"AdaptiveConfig: {key} must be >= 1, got {getattr(self, key)}")
+
+    @property
+    def seed_list(self) -> list[int]:
+        return list(range(self.first_seed, self.first_seed + self.seeds))
+
+    def collapse_config(self):
+        """The collapse experiment's act-level config with this experiment's shared settings (panel, trainers)."""
+        from simpop.experiments.collapse import CollapseConfig
+
+        return CollapseConfig(level="act", seeds=1, updates=self.updates, eval_every=self.eval_every,
+                              eval_episodes=self.eval_episodes, max_turns=self.max_turns, grpo=self.grpo,
+                              cotrain=self.cotrain, heldout_personas=self.heldout_personas,
+                              heldout_seed=self.heldout_seed, workers=1, threads=self.threads)
+
+
+# ============================================================================================ specs
+def probe_specs() -> dict[str, str]:
+    """Name -> spec of each probe member (module docstring)."""
+    return {f"probe-{m}": f"persuadee:{m}?temperature={PROBE_TEMPERATURE!r}" for m in PROBE_MODELS}
+
+
+def random_region_specs(cap: int, seed: int) -> dict[str, str]:
+    """The fixed pool: the base persuadee plus ``cap - 1`` persuadees over random persona regions (policy-blind)."""
+    from simpop.envs.persuasion.personas import DEFAULT_MARGINALS, NUMERIC
+
+    rng = np.random.default_rng([seed, 1616])
+    specs = {"base": BASE_SPEC}
+    for i in range(cap - 1):
+        clauses = []
+        for attr in rng.choice(len(NUMERIC), size=2, replace=False):
+            name = NUMERIC[int(attr)]
+            clauses.append(f"{name}{'<' if rng.random() < 0.5 else '>'}{round(DEFAULT_MARGINALS[name].mean, 2)}")
+        text = ",".join(clauses)
+        specs[f"random-{i}-{text}"] = f"{BASE_SPEC}&personas=region-64-{int(rng.integers(1 << 30))}:{text}"
+    return specs
+
+
+def build_trainer(condition: str, config: AdaptiveConfig, seed: int, env: Any, heldout: Any):
+    """The trainer of one condition and seed (``heldout``: the panel generated simulators must stay clear of)."""
+    from simpop.agents.policy import ModelConfig, build_policy
+    from simpop.experiments import collapse
+    from simpop.simulators.population import Population
+    from simpop.simulators.registry import build_many, load_panel
+    from simpop.train.grpo import GRPOTrainer
+    from simpop.train.pool import AdaptivePoolTrainer, PoolGrower
+
+    if condition == "population":
+        return collapse.build_trainer("population", config.collapse_config(), seed, env)
+    grpo = dataclasses.replace(config.grpo, seed=seed)
+    policy = build_policy(env, ModelConfig(), grpo.sampling(), seed)
+    specs = random_region_specs(config.pool.cap, seed) if condition == "fixed" else {"base": BASE_SPEC}
+    pool = Population(build_many(specs, env), name=f"{condition}-pool")
+    inner = GRPOTrainer(ENV_ID, policy, pool, grpo, env_kwargs={"max_turns": config.max_turns})
+    grower = None
+    if condition.startswith("failure"):
+        probe = load_panel({"name": "probe", "members": probe_specs()}, env)
+        grower = PoolGrower(ENV_ID, env, inner, probe, heldout, config=config.pool, seed=seed,
+                            env_kwargs={"max_turns": config.max_turns},
+                            protected={"base"} if condition == "failure-keep-base" else ())
+    return AdaptivePoolTrainer(inner, grower, config.grow_every, env=env)
+
+
+def run_one(config: AdaptiveConfig, condition: str, seed: int, out: Path, resume: bool,
+            report: Callable[[str, int, int, dict[str, Any]], None] | None = None) -> Path:
+    """Train and evaluate one (condition, seed) through :func:`simpop.train.loop.run`; its run folder."""
+    import torch
+
+    from simpop import checkpoint
+    from simpop.envs.registration import make
+    from simpop.experiments import collapse
+    from simpop.train.loop import LoopConfig, run
+
+    run_dir = out / "runs" / condition / f"seed{seed}"
+    saved = checkpoint.latest(run_dir) if resume else None
+    if saved is not None and int(saved.stem.split("_")[1]) >= config.updates:
+        return run_dir
+    threads = torch.get_num_threads()
+    torch.set_num_threads(config.threads)
+    try:
+        torch.manual_seed(seed)
+        env_kwargs = {"max_turns": config.max_turns}
+        env = make(ENV_ID, **env_kwargs)
+        heldout = collapse.build_panel(config.collapse_config(), env)
+        trainer = build_trainer(condition, config, seed, env, heldout)
+        heldout.check_disjoint([trainer.training_simulator])
+        eval_seed = 1_000_003 + seed
+        batch = config.grpo.batch_size
+
+        def evaluation(step: int) -> dict[str, Any]:
+            record, _, _ = collapse.evaluate_run(ENV_ID, trainer, heldout, config.eval_episodes, eval_seed,
+                                                 env_kwargs)
+            grower = getattr(trainer, "grower", None)
+            probes = grower.probe_dialogues if grower is not None else 0
+            pool = trainer.training_simulator
+            size = len(getattr(pool, "members", [pool]))
+            return {**record, "pool_size": size, "training_dialogues": step * batch, "probe_dialogues": probes,
+                    "dialogues": step * batch + probes}
+
+        loop = LoopConfig(save_every=config.eval_every, keep_checkpoints=2, eval_every=config.eval_every,
+                          tensorboard=False)
+        run(trainer, config.updates, run_dir, config=loop, resume=resume, evaluate=evaluation,
+            report=(lambda step, record: report(condition, seed, step, record)) if report is not None else None)
+    finally:
+        torch.set_num_threads(threads)
+    return run_dir
+
+
+# ============================================================================================ summary
+def summarise(records: Sequence[dict[str, Any]], config: AdaptiveConfig, wall_time_s: float) -> dict[str, Any]:
+    """Per condition: final held-out / training success, pool size, dialogues run (mean, 95% t-CI over seeds),
+    and paired comparisons of held-out success (failure - fixed, failure - population)."""
+    from simpop.evaluation.metrics import mean_ci
+    from simpop.evaluation.report import Comparison
+
+    per_seed: dict[str, dict[str, list[float]]] = {}
+    for condition in config.conditions:
+        values: dict[str, list[float]] = {}
+        for seed in config.seed_list:
+            evals = sorted((r for r in records if r["condition"] == condition and r["seed"] == seed
+                            and r["kind"] == "eval"), key=lambda r: r["step"])
+            if not evals or evals[-1]["step"] != config.updates:
+                raise RuntimeError(f"run {condition}/seed{seed} is incomplete; rerun with --resume to finish it")
+            last, first = evals[-1], evals[0]
+            row = {"heldout_success": last["heldout_success"], "train_success": last["train_success"],
+                   "initial_heldout_success": first["heldout_success"],
+                   "heldout_gain": last["heldout_success"] - first["heldout_success"],
+                   "pool_size": last["pool_size"], "dialogues": last["dialogues"]}
+            for key, value in row.items():
+                values.setdefault(key, []).append(float(value))
+        per_seed[condition] = values
+    conditions = {c: {k: dict(zip(("mean", "ci_low", "ci_high"), mean_ci(v)), per_seed=v)
+                      for k, v in values.items()} for c, values in per_seed.items()}
+    comparisons = []
+    for a, b in (("failure", "fixed"), ("failure", "population"), ("fixed", "population"),
+                 ("failure-keep-base", "fixed"), ("failure-keep-base", "failure")):
+        if a in per_seed and b in per_seed:
+            c = Comparison(f"held-out success: {a} - {b}", list(np.subtract(per_seed[a]["heldout_success"],
+                                                                            per_seed[b]["heldout_success"])))
+            comparisons.append(dataclasses.asdict(c))
+    return {"setup": {"env_id": ENV_ID, "seeds": config.seed_list, "updates": config.updates,
+                      "batch_size": config.grpo.batch_size, "eval_every": config.eval_every,
+                      "eval_episodes": config.eval_episodes, "grow_every": config.grow_every,
+                      "pool": dataclasses.asdict(config.pool), "probe": probe_specs()},
+            "wall_time_s": wall_time_s, "conditions": conditions, "comparisons": comparisons,
+            "growth": growth_log(records)}
+
+
+def growth_log(records: Sequence[dict[str, Any]]) -> list[dict[str, Any]]:
+    """Per failure-driven growth round: condition, seed, update, pool size and members, what was added and retired."""
+    return [{k: r.get(k) for k in ("condition", "seed", "step", "pool_size", "pool_members", "pool_removed_names",
+                                  "pool_added_specs")}
+            for r in records if r["condition"].startswith("failure") and r["kind"] == "train" and "pool_added" in r]
+
+
+def _cell(s: dict[str, Any], digits: int = 3) -> str:
+    return "n/a" if not math.isfinite(s["mean"]) else (f"{s['mean']:.{digits}f} [{s['ci_low']:.{digits}f}, "
+                                                        f"{s['ci_high']:.{digits}f}]")
+
+
+def render_report(summary: dict[str, Any], plots: Sequence[Path]) -> str:
+    """``report.md``: setup, the table, paired comparisons with verdicts, plots."""
+    setup = summary["setup"]
+    columns = {"heldout_success": "held-out success", "initial_heldout_success": "initial held-out",
+               "heldout_gain": "held-out gain", "train_success": "training-pool success",
+               "pool_size": "final pool size",
+               "dialogues": "dialogues run (training + probe)"}
+    lines = ["# Adaptive pools on P4G (act level)", "",
+             f"`{setup['env_id']}`; seeds {setup['seeds']}; {setup['updates']} updates of {setup['batch_size']} "
+             f"dialogues per condition (equal policy budget); held-out evaluation every {setup['eval_every']} "
+             f"updates, {setup['eval_episodes']} dialogues per held-out member. Failure-driven growth every "
+             f"{setup['grow_every']} updates (pool cap {setup['pool']['cap']}, up to {setup['pool']['grow_count']} "
+             f"added per round, {setup['pool']['probe_episodes']} probe dialogues per probe member). Wall time "
+             f"{summary['wall_time_s']:.0f} s. Values: mean [95% Student-t CI over seeds], final evaluation.", "",
+             "| condition | " + " | ".join(columns.values()) + " |", "|" + "---|" * (len(columns) + 1)]
+    for name, cond in summary["conditions"].items():
+        lines.append(f"| {name} | " + " | ".join(_cell(cond[k], 1 if k in ("pool_size", "dialogues") else 3)
+                                                 for k in columns) + " |")
+    lines += ["", "## Paired comparisons (by seed)", "", "| comparison | mean | 95% CI | verdict |",
+              "|---|---|---|---|"]
+    for c in summary["comparisons"]:
+        lines.append(f"| {c['label']} | {c['mean']:+.3f} | [{c['ci_low']:+.3f}, {c['ci_high']:+.3f}] | "
+                     f"{verdict(c)} |")
+    lines += ["", "A verdict says *better* or *worse* only when the CI excludes 0; otherwise *no detectable "
+                  "difference* at this number of seeds.", "", "## Plots", ""]
+    lines += [f"![{p.stem}]({p.name})" for p in plots]
+    return "\n".join(lines) + "\n"
+
+
+def verdict(comparison: dict[str, Any]) -> str:
+    """``better`` / ``worse`` when the CI excludes 0, else ``no detectable difference`` (one seed: no CI)."""
+    if len(comparison["differences"]) < 2:
+        return "one seed: no CI, no verdict"
+    if comparison["ci_low"] > 0:
+        return "better"
+    if comparison["ci_high"] < 0:
+        return "worse"
+    return "no detectable difference"
+
+
+def plot(records: Sequence[dict[str, Any]], out: Path, order: Sequence[str]) -> list[Path]:
+    """Held-out success by update and by dialogues run, and pool size by update (mean, 95% CI over seeds)."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    from simpop.evaluation.report import curves
+
+    paths = []
+    for stem, metric, label in (("heldout_success", "heldout_success", "held-out panel success"),
+                                ("pool_size", "pool_size", "training pool size")):
+        data = curves(records, "eval", metric)
+        fig, ax = plt.subplots(figsize=(6.4, 4.0), dpi=110)
+        for name in [c for c in order if c in data]:
+            steps, mean, lo, hi = data[name]
+            (line,) = ax.plot(steps, mean, label=name)
+            ax.fill_between(steps, lo, hi, color=line.get_color(), alpha=0.2, linewidth=0)
+        ax.set_xlabel("policy updates")
+        ax.set_ylabel(label)
+        ax.grid(alpha=0.3)
+        ax.legend(fontsize=8)
+        fig.tight_layout()
+        paths.append(out / f"{stem}.png")
+        fig.savefig(paths[-1])
+        plt.close(fig)
+    # compute curve: held-out success against all dialogues run (training + probe), mean over seeds
+    fig, ax = plt.subplots(figsize=(6.4, 4.0), dpi=110)
+    for name in order:
+        evals = [r for r in records if r["condition"] == name and r["kind"] == "eval"]
+        steps = sorted({r["step"] for r in evals})
+        if steps:
+            ax.plot([np.mean([r["dialogues"] for r in evals if r["step"] == s]) for s in steps],
+                    [np.mean([r["heldout_success"] for r in evals if r["step"] == s]) for s in steps],
+                    marker="o", label=name)
+    ax.set_xlabel("dialogues run (training + probe)")
+    ax.set_ylabel("held-out panel success")
+    ax.grid(alpha=0.3)
+    ax.legend(fontsize=8)
+    fig.tight_layout()
+    paths.append(out / "compute.png")
+    fig.savefig(paths[-1])
+    plt.close(fig)
+    return paths
+
+
+def write_outputs(out: Path, config: AdaptiveConfig, wall_time_s: float) -> Path:
+    from simpop.experiments import collapse
+
+    records = collapse.read_records(out, config)
+    with (out / "metrics.jsonl").open("w") as f:
+        for record in records:
+            f.write(json.dumps(record, sort_keys=True, default=str) + "\n")
+    summary = summarise(records, config, wall_time_s)
+    (out / "summary.json").write_text(json.dumps(summary, indent=2, default=str))
+    plots = plot(records, out, config.conditions)
+    report = out / "report.md"
+    report.write_text(render_report(summary, plots))
+    return report
+
+
+# ============================================================================================ driver
+def _worker(args: tuple[AdaptiveConfig, str, int, str, bool]) -> tuple[str, int]:
+    config, condition, seed, out, resume = args
+    run_one(config, condition, seed, Path(out), resume)
+    return condition, seed
+
+
+def run_adaptive(config: AdaptiveConfig, out: str | Path, resume: bool = False, progress: bool = True) -> Path:
+    """Run every (condition, seed) in ``config.workers`` processes, then write the outputs; the report's path."""
+    from simpop.progress import progress_bar
+    from simpop.train.config import to_dict
+
+    out = Path(out)
+    if not resume and (out / "runs").exists():
+        raise FileExistsError(f"{out} already holds a run: pass --resume to continue it, or choose another --out")
+    out.mkdir(parents=True, exist_ok=True)
+    saved = to_dict(config)
+    config_path = out / "config.json"
+    if resume and config_path.exists() and json.loads(config_path.read_text()) != json.loads(json.dumps(saved)):
+        raise ValueError(f"--resume with different settings than the run in {out}; use the same flags or another --out")
+    config_path.write_text(json.dumps(saved, indent=2))
+    tasks = [(c, s) for s in config.seed_list for c in config.conditions]
+    started = time.perf_counter()
+    bar = progress_bar(len(tasks), "adaptive", unit="run", disable=not progress)
+    if config.workers == 1 or len(tasks) == 1:
+        for condition, seed in tasks:
+            run_one(config, condition, seed, out, resume)
+            bar.update(1)
+    else:
+        import concurrent.futures
+        import multiprocessing
+
+        context = multiprocessing.get_context("spawn")
+        with concurrent.futures.ProcessPoolExecutor(config.workers, mp_context=context) as pool:
+            futures = [pool.submit(_worker, (config, c, s, str(out), resume)) for c, s in tasks]
+            for future in concurrent.futures.as_completed(futures):
+                future.result()
+                bar.update(1)
+    bar.close()
+    return write_outputs(out, config, time.perf_counter() - started)
