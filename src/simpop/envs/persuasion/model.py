@@ -230,6 +230,8 @@ _DECISION_MASK = np.array([a in DECISION_ACTS for a in PERSUADEE_ACTS])
 _SENTIMENT_SIGN = np.array([_SENTIMENT.get(a, 0.0) for a in PERSUADEE_ACTS])
 _AMOUNTS = np.array(AMOUNT_LEVELS)
 _U = (np.arange(len(AMOUNT_LEVELS)) - (len(AMOUNT_LEVELS) - 1) / 2) / (len(AMOUNT_LEVELS) - 1)
+#: Persuadee acts a non-decision turn can answer with (every other act has probability 0 there).
+_RESPONSE_SUPPORT = np.flatnonzero(~_DECISION_MASK)
 
 
 class PersuadeeModel:
@@ -242,8 +244,18 @@ class PersuadeeModel:
         self._responses = np.array(p.response_logits).reshape(len(PERSUADER_ACTS), len(PERSUADEE_ACTS))
         self._amount_logits = np.array(p.amount_logits)
         self._is_appeal = np.array([a in APPEALS for a in PERSUADER_ACTS])
+        self._initial: dict[Persona, PersuadeeState] = {}
 
     def initial_state(self, persona: Persona) -> PersuadeeState:
+        """The state before the first persuader act (cached per persona: states are immutable)."""
+        state = self._initial.get(persona)
+        if state is None:
+            if len(self._initial) >= 4096:  # bounded: a stream of fresh personas must not grow memory
+                self._initial.clear()
+            state = self._initial[persona] = self._initial_state(persona)
+        return state
+
+    def _initial_state(self, persona: Persona) -> PersuadeeState:
         p = self.params
         base = p.intercept + sum(w * persona.centred(t) for w, t in zip(p.trait_weights, BASE_TRAITS))
         multipliers = tuple(
@@ -308,6 +320,94 @@ class PersuadeeModel:
             return max(outcomes, key=lambda o: o[1])[0]
         probs = np.array([q for _, q in outcomes])
         return outcomes[int(rng.choice(len(outcomes), p=probs / probs.sum()))][0]
+
+
+    def respond_batch(self, states: Sequence[PersuadeeState], acts: Sequence[str],
+                      rngs: Sequence[np.random.Generator], temperature: float = 1.0) -> list[Outcome]:
+        """:meth:`respond` for many dialogues at once: the same replies and the same draws from each ``rngs[i]``.
+
+        The reply distributions of all rows are computed with numpy over the batch; each sampled row draws
+        one uniform from its own generator (exactly what ``Generator.choice`` draws) and inverts the
+        distribution's CDF, normalised in the same order as :meth:`respond`, so trajectories are identical
+        to per-dialogue :meth:`respond`. A row whose support lost an outcome to underflow (a probability
+        of exactly 0, which :meth:`distribution` drops) is answered by :meth:`respond` itself.
+        """
+        n = len(states)
+        if not n == len(acts) == len(rngs):
+            raise ValueError(f"respond_batch needs one act and one generator per state, got {n}, {len(acts)}, "
+                             f"{len(rngs)}")
+        if temperature < 0:
+            raise ValueError(f"temperature must be >= 0 (0 = greedy), got {temperature}")
+        out: list[Outcome | None] = [None] * n
+        incl = np.array([s.inclination for s in states])
+        asking = np.array([a in ASKING_ACTS for a in acts], dtype=bool)
+        for rows, fill in ((np.flatnonzero(asking), self._decisions_batch),
+                           (np.flatnonzero(~asking), self._responses_batch)):
+            if rows.size:
+                fill(rows, incl, acts, rngs, temperature, out)
+        for i in (i for i, o in enumerate(out) if o is None):  # underflow fallback (exact, per dialogue)
+            out[i] = self.respond(states[i], acts[i], rngs[i], temperature)
+        return out  # type: ignore[return-value]
+
+    def _decisions_batch(self, rows: np.ndarray, incl: np.ndarray, acts: Sequence[str],
+                         rngs: Sequence[np.random.Generator], temperature: float, out: list) -> None:
+        """Decision replies of ``rows`` (asking acts) into ``out``."""
+        z = incl[rows]
+        logits = self._amount_logits + (self.params.amount_shift + self.params.amount_slope * z)[:, None] * _U
+        verbs = ["provide-donation-amount" if acts[i] == "ask-donation-amount" else "agree-donation" for i in rows]
+        if temperature == 0:
+            level = np.argmax(logits, axis=1)
+            for k, i in enumerate(rows):
+                out[i] = (verbs[k], float(AMOUNT_LEVELS[level[k]])) if z[k] > 0 else ("disagree-donation", 0.0)
+            return
+        amounts = _softmax_rows(logits, temperature)
+        donate = np.array([_sigmoid(float(x) / temperature) for x in z])  # math.exp, as respond
+        probs = np.concatenate([donate[:, None] * amounts, (1.0 - donate)[:, None]], axis=1)
+        choice = _draw(probs, rows, rngs)
+        for k, i in enumerate(rows):
+            if choice[k] >= 0:
+                out[i] = ((verbs[k], float(AMOUNT_LEVELS[choice[k]])) if choice[k] < len(AMOUNT_LEVELS)
+                          else ("disagree-donation", 0.0))
+
+    def _responses_batch(self, rows: np.ndarray, incl: np.ndarray, acts: Sequence[str],
+                         rngs: Sequence[np.random.Generator], temperature: float, out: list) -> None:
+        """Non-decision replies of ``rows`` into ``out``."""
+        logits = (self._responses[[_ER_INDEX[acts[i]] for i in rows]]
+                  + self.params.sentiment_slope * incl[rows][:, None] * _SENTIMENT_SIGN)
+        logits = np.where(_DECISION_MASK, -np.inf, logits)
+        if temperature == 0:
+            for i, j in zip(rows, np.argmax(logits, axis=1)):
+                out[i] = (PERSUADEE_ACTS[j], None)
+            return
+        probs = _softmax_rows(logits, temperature)[:, _RESPONSE_SUPPORT]
+        choice = _draw(probs, rows, rngs)
+        for i, c in zip(rows, choice):
+            if c >= 0:
+                out[i] = (PERSUADEE_ACTS[_RESPONSE_SUPPORT[c]], None)
+
+
+def _softmax_rows(logits: np.ndarray, temperature: float) -> np.ndarray:
+    """:func:`_softmax` of each row (temperature > 0), elementwise the same operations."""
+    z = logits / temperature
+    z = np.exp(z - np.max(z, axis=1, keepdims=True))
+    return z / z.sum(axis=1, keepdims=True)
+
+
+def _draw(probs: np.ndarray, rows: np.ndarray, rngs: Sequence[np.random.Generator]) -> np.ndarray:
+    """Per row, the index ``rngs[row].choice(k, p=p / p.sum())`` returns (-1 where a probability is 0).
+
+    ``Generator.choice`` with ``p`` draws one ``random()`` and searches the normalised CDF (side right);
+    rows with a zero probability are skipped (no draw) for :meth:`PersuadeeModel.respond` to answer.
+    """
+    ok = (probs > 0).all(axis=1)
+    p = probs[ok]
+    p = p / p.sum(axis=1, keepdims=True)
+    cdf = np.cumsum(p, axis=1)
+    cdf /= cdf[:, -1:]
+    u = np.array([rngs[i].random() for i in rows[ok]])
+    choice = np.full(len(rows), -1, dtype=np.int64)
+    choice[ok] = (cdf <= u[:, None]).sum(axis=1)
+    return choice
 
 
 def _sigmoid(x: float) -> float:

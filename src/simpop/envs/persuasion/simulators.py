@@ -111,12 +111,13 @@ class _ModelPersuadee(Simulator):
         """The generator slot ``slot`` was started with."""
         return self._slots[slot].rng
 
-    def _reply(self, slot: int, act: str, commit: bool) -> tuple[PersuadeeState, Outcome]:
-        state = self.model.update(self._slots[slot].state, act)
-        outcome = self.model.respond(state, act, self._slots[slot].rng, self.temperature)
-        if commit:
+    def _reply_batch(self, slots: Sequence[int], acts: Sequence[str]) -> list[Outcome]:
+        """Each slot hears its act and replies (drawn with the slot's generator); the slots' states advance."""
+        states = [self.model.update(self._slots[slot].state, act) for slot, act in zip(slots, acts, strict=True)]
+        outcomes = self.model.respond_batch(states, acts, [self._slots[slot].rng for slot in slots], self.temperature)
+        for slot, state in zip(slots, states):
             self._slots[slot].state = state
-        return state, outcome
+        return outcomes
 
     def state(self, slot: int = 0) -> PersuadeeState:
         """The persuadee's current state in ``slot`` (inclination, rapport, act counts)."""
@@ -130,8 +131,8 @@ class ActPersuadee(_ModelPersuadee, DistributionalSimulator):
     """
 
     def act_batch(self, observations: list[Any], slots: list[int]) -> list[int]:
-        return [encode_persuadee_action(*self._reply(slot, _heard(obs), commit=True)[1])
-                for obs, slot in zip(observations, slots, strict=True)]
+        acts = [_heard(obs) for obs in observations]
+        return [encode_persuadee_action(*outcome) for outcome in self._reply_batch(slots, acts)]
 
     def distribution(self, observation: Any, slot: int = 0) -> list[tuple[int, float]]:
         act = _heard(observation)
@@ -160,7 +161,7 @@ class TextPersuadee(_ModelPersuadee):
                 continue
             messages = parse_observation(obs)["messages"]
             heard = next((m["content"] for m in reversed(messages) if m["role"] == "user"), "")
-            (act, amount) = self._reply(slot, classify_persuader(heard), commit=True)[1]
+            (act, amount) = self._reply_batch([slot], [classify_persuader(heard)])[0]
             rng = None if self.decoding == "greedy" else self._slots[slot].rng
             replies.append(render_persuadee(act, amount if act in DONATING_ACTS else None, rng))
         return replies

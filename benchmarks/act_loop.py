@@ -1,0 +1,130 @@
+"""Act-level updates/s of the collapse experiment: this checkout vs another tree (e.g. HEAD), one run.
+
+Each measurement is a child process with its own ``PYTHONPATH`` (``<tree>/src``) that builds one condition's
+trainer exactly as ``simpop experiment collapse --level act`` does (:func:`~simpop.experiments.collapse.build_trainer`,
+default act-level settings: 8 x 8 dialogues of 10 persuader turns, one torch thread), runs one warm-up
+update, then times ``--updates`` updates. The two trees alternate ``--repeats`` times (a shared CPU drifts)
+and the best rate of each is reported with the ratio. The children also print a digest of every update's
+training success, policy loss and simulator loss: equal digests mean the two trees trained identically.
+Last, it times one wave of persuadee replies in this checkout, per dialogue vs batched (the part this change
+vectorised; the rest of an update is mostly the env's per-step Python).
+
+Make a read-only copy of HEAD first, then run from the checkout::
+
+    git worktree add /tmp/wt15 HEAD
+    nice -n 19 .venv/bin/python benchmarks/act_loop.py --baseline /tmp/wt15
+"""
+
+from __future__ import annotations
+
+import argparse
+import hashlib
+import json
+import os
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+CHECKOUT = Path(__file__).resolve().parents[1]
+
+
+def child(condition: str, updates: int, seed: int) -> dict:
+    """Time ``updates`` act-level updates of ``condition`` in this process (whatever simpop it imports)."""
+    import torch
+
+    import simpop
+    from simpop.envs.registration import make
+    from simpop.experiments.collapse import CollapseConfig, build_trainer
+
+    torch.set_num_threads(1)
+    torch.manual_seed(seed)
+    config = CollapseConfig(level="act", conditions=(condition,))
+    trainer = build_trainer(condition, config, seed, make(config.env_id, **config.env_kwargs()), {})
+    trainer.step()  # warm-up (imports, first allocations)
+    digest = hashlib.sha256()
+    start = time.perf_counter()
+    for _ in range(updates):
+        metrics = trainer.step()
+        digest.update(repr([round(metrics.get(key, 0.0), 9) for key in ("success", "loss", "sim_loss")]).encode())
+    elapsed = time.perf_counter() - start
+    return {"updates_per_s": updates / elapsed, "digest": digest.hexdigest()[:12], "simpop": simpop.__file__}
+
+
+def reply_speed(rows: int = 64, repeats: int = 200) -> list[tuple[float, float, float]]:
+    """(temperature, per-dialogue ms, batched ms) of one wave's persuadee replies, both paths of this checkout
+    (:meth:`PersuadeeModel.respond` per row vs :meth:`PersuadeeModel.respond_batch`), same states and seeds."""
+    import numpy as np
+
+    from simpop.envs.persuasion.acts import PERSUADER_ACTS
+    from simpop.envs.persuasion.model import PersuadeeModel
+    from simpop.envs.persuasion.personas import PersonaSampler
+
+    model, rng = PersuadeeModel(), np.random.default_rng(0)
+    states, acts = [], []
+    for persona in PersonaSampler().sample_many(rows, rng):
+        state = model.initial_state(persona)
+        for act in rng.choice(PERSUADER_ACTS, size=int(rng.integers(1, 9))):
+            state = model.update(state, str(act))
+        states.append(state)
+        acts.append(str(act))
+    out = []
+    for temperature in (0.0, 1.0):
+        times = []
+        for batched in (False, True):
+            rngs = [np.random.default_rng(i) for i in range(rows)]
+            start = time.perf_counter()
+            for _ in range(repeats):
+                if batched:
+                    model.respond_batch(states, acts, rngs, temperature)
+                else:
+                    [model.respond(s, a, r, temperature) for s, a, r in zip(states, acts, rngs)]
+            times.append((time.perf_counter() - start) / repeats * 1e3)
+        out.append((temperature, *times))
+    return out
+
+
+def measure(tree: Path, condition: str, updates: int, seed: int) -> dict:
+    env = {**os.environ, "PYTHONPATH": str(tree / "src"), "OMP_NUM_THREADS": "1"}
+    out = subprocess.run([sys.executable, __file__, "--child", "--condition", condition, "--updates", str(updates),
+                          "--seed", str(seed)], env=env, cwd=tree, capture_output=True, text=True, check=True)
+    result = json.loads(out.stdout.strip().splitlines()[-1])
+    if not Path(result["simpop"]).resolve().is_relative_to(tree.resolve()):
+        raise RuntimeError(f"child imported simpop from {result['simpop']}, not from {tree}")
+    return result
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--baseline", type=Path, default=Path("/tmp/wt15"), help="the tree to compare against")
+    parser.add_argument("--conditions", nargs="+", default=["frozen", "cotrain", "population"])
+    parser.add_argument("--updates", type=int, default=20)
+    parser.add_argument("--repeats", type=int, default=2)
+    parser.add_argument("--seed", type=int, default=0)
+    parser.add_argument("--child", action="store_true", help=argparse.SUPPRESS)
+    parser.add_argument("--condition", help=argparse.SUPPRESS)
+    args = parser.parse_args()
+    if args.child:
+        print(json.dumps(child(args.condition, args.updates, args.seed)))
+        return
+    if not (args.baseline / "src" / "simpop").is_dir():
+        raise SystemExit(f"{args.baseline} is not a simpop tree: git worktree add {args.baseline} HEAD")
+    print(f"act-level updates/s, {args.updates} updates after one warm-up, best of {args.repeats} "
+          f"(baseline {args.baseline} vs checkout {CHECKOUT})")
+    print(f"{'condition':<12} {'baseline':>9} {'checkout':>9} {'ratio':>6}  same trajectories")
+    for condition in args.conditions:
+        runs: dict[str, list[dict]] = {"baseline": [], "checkout": []}
+        for _ in range(args.repeats):
+            for name, tree in (("baseline", args.baseline), ("checkout", CHECKOUT)):
+                runs[name].append(measure(tree, condition, args.updates, args.seed))
+        old = max(r["updates_per_s"] for r in runs["baseline"])
+        new = max(r["updates_per_s"] for r in runs["checkout"])
+        same = runs["baseline"][0]["digest"] == runs["checkout"][0]["digest"]
+        print(f"{condition:<12} {old:9.2f} {new:9.2f} {new / old:5.2f}x  {'yes' if same else 'no'}")
+    print("\none wave of 64 persuadee replies (this checkout: per-dialogue respond vs respond_batch)")
+    for temperature, one, batch in reply_speed():
+        print(f"temperature {temperature:g}: {one:.2f} ms vs {batch:.2f} ms, {one / batch:.1f}x")
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,126 @@
+"""The vectorised act-level loop gives the same replies, draws and trajectories as the per-dialogue code."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+import torch
+
+from simpop.agents.policy import ActPolicy
+from simpop.envs.persuasion.acts import PERSUADER_ACTS
+from simpop.envs.persuasion.model import PersuadeeModel, PersuadeeParams
+from simpop.envs.persuasion.personas import PersonaSampler
+from simpop.envs.persuasion.simulators import ActPersuadee
+from simpop.envs.persuasion.trainable import TrainableActPersuadee
+from simpop.rollout import RolloutEngine
+
+ENV = "simpop/PersuasionAct-v0"
+
+
+def _states(model: PersuadeeModel, n: int, seed: int):
+    """``n`` (state, act) pairs reached by random persuader acts on sampled personas."""
+    rng = np.random.default_rng(seed)
+    out = []
+    for persona in PersonaSampler().sample_many(n, rng):
+        state = model.initial_state(persona)
+        for _ in range(int(rng.integers(0, 8))):
+            state = model.update(state, PERSUADER_ACTS[int(rng.integers(len(PERSUADER_ACTS)))])
+        act = PERSUADER_ACTS[int(rng.integers(len(PERSUADER_ACTS)))]
+        out.append((model.update(state, act), act))
+    return out
+
+
+@pytest.mark.parametrize("temperature", [0.0, 0.8, 1.0, 1.2])
+def test_respond_batch_matches_respond_reply_and_draws(temperature):
+    model = PersuadeeModel(PersuadeeParams(intercept=0.5))
+    pairs = _states(model, 300, seed=1)
+    states, acts = [s for s, _ in pairs], [a for _, a in pairs]
+    one = [np.random.default_rng([7, i]) for i in range(len(pairs))]
+    many = [np.random.default_rng([7, i]) for i in range(len(pairs))]
+    for _ in range(3):  # several draws per generator: the streams must stay aligned
+        expected = [model.respond(s, a, r, temperature) for s, a, r in zip(states, acts, one)]
+        assert model.respond_batch(states, acts, many, temperature) == expected
+    assert [r.random() for r in one] == [r.random() for r in many]
+
+
+def test_respond_batch_falls_back_exactly_on_a_saturated_decision():
+    # An inclination so large that P(refuse) is exactly 0: respond() drops that outcome, so must the batch.
+    model = PersuadeeModel()
+    state, act = _states(model, 1, seed=2)[0]
+    saturated = type(state)(800.0, state.rapport, state.counts, state.multipliers)
+    rngs_a, rngs_b = [np.random.default_rng(3)], [np.random.default_rng(3)]
+    asking = "ask-donation-amount"
+    assert model.respond_batch([saturated], [asking], rngs_a) == [model.respond(saturated, asking, rngs_b[0])]
+    assert rngs_a[0].random() == rngs_b[0].random()
+
+
+def test_respond_batch_rejects_mismatched_lengths():
+    model = PersuadeeModel()
+    state, act = _states(model, 1, seed=0)[0]
+    with pytest.raises(ValueError, match="one act and one generator"):
+        model.respond_batch([state], [act, act], [np.random.default_rng(0)])
+
+
+class _PerDialoguePersuadee(TrainableActPersuadee):
+    """The act-level persuadee as it was before vectorising: one ``respond`` per dialogue."""
+
+    def _reply_batch(self, slots, acts):
+        outcomes = []
+        for slot, act in zip(slots, acts):
+            state = self.model.update(self._slots[slot].state, act)
+            outcomes.append(self.model.respond(state, act, self._slots[slot].rng, self.temperature))
+            self._slots[slot].state = state
+            reply, amount = outcomes[-1]
+            super()._record(slot, act, reply, amount)
+        return outcomes
+
+
+def _old_policy_act(policy: ActPolicy):
+    """The policy's sampling as it was before vectorising: one searchsorted per row."""
+
+    def act_batch(observations, rng):
+        with torch.no_grad():
+            probs = torch.softmax(policy(policy.observations_tensor(observations)).double(), dim=-1).numpy()
+        u = rng.random(len(observations))
+        cdf = np.cumsum(probs, axis=1)
+        return [int(min(np.searchsorted(row, x, side="right"), policy.n_actions - 1)) for row, x in zip(cdf, u)]
+
+    return act_batch
+
+
+@pytest.mark.parametrize("simulator", ["trainable", "greedy"])
+def test_collect_gives_identical_trajectories_to_the_per_dialogue_code(simulator):
+    def build(old: bool):
+        if simulator == "trainable":
+            return (_PerDialoguePersuadee if old else TrainableActPersuadee)(name="t")
+        sim = ActPersuadee(decoding="greedy")
+        if old:
+            sim._reply_batch = lambda slots, acts: [  # type: ignore[method-assign]
+                _old_reply(sim, slot, act) for slot, act in zip(slots, acts)]
+        return sim
+
+    trajectories, records = [], []
+    for old in (True, False):
+        sim = build(old)
+        engine = RolloutEngine(ENV, ActPolicy(1, 2), sim, env_kwargs={"max_turns": 10})
+        env = engine.env_pool(1)[0]
+        policy = ActPolicy.for_env(env, seed=3)
+        if old:
+            policy.act_batch = _old_policy_act(policy)  # type: ignore[method-assign]
+        engine.policy = policy
+        trajectories.append(engine.collect(6, group_size=8, seed=11))
+        records.append([e.turns for e in getattr(sim, "episodes", [])])
+    old, new = trajectories
+    assert len(old) == len(new) == 48
+    for a, b in zip(old, new):
+        assert a.actions == b.actions and a.rewards == b.rewards
+        assert (a.success, a.terminated, a.truncated) == (b.success, b.terminated, b.truncated)
+        assert a.simulator == b.simulator
+    assert records[0] == records[1]
+
+
+def _old_reply(sim: ActPersuadee, slot: int, act: str):
+    state = sim.model.update(sim._slots[slot].state, act)
+    outcome = sim.model.respond(state, act, sim._slots[slot].rng, sim.temperature)
+    sim._slots[slot].state = state
+    return outcome
