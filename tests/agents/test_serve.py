@@ -69,23 +69,30 @@ def test_text_content_parts_are_joined(served):
             404,
             "the model 'gpt-4' does not exist; this server serves 'echo'",
         ),
-        ({"messages": CHAT}, 400, "'model' (a string) is required"),
-        ({"model": "echo"}, 400, "'messages' must be a non-empty list"),
-        ({"model": "echo", "messages": [{"role": "user"}]}, 400, "message 0 is"),
-        ({"model": "echo", "messages": CHAT, "n": True}, 400, "'n' must be an integer"),
-        ({"model": "echo", "messages": CHAT, "n": 0}, 400, "'n' must be in [1, 128], got 0"),
-        ({"model": "echo", "messages": CHAT, "temperature": -1}, 400, "'temperature' must be in [0, 2]"),
-        ({"model": "echo", "messages": CHAT, "top_p": 0}, 400, "top_p must be in (0, 1]"),
-        ({"model": "echo", "messages": CHAT, "max_tokens": 0}, 400, "'max_tokens' must be >= 1"),
-        (
-            {"model": "echo", "messages": CHAT, "max_completion_tokens": 1.5},
-            400,
-            "'max_completion_tokens' must be an integer",
-        ),
-        ({"model": "echo", "messages": CHAT, "stop": [""]}, 400, "'stop' must be a non-empty string"),
-        ({"model": "echo", "messages": CHAT, "seed": "1"}, 400, "'seed' must be an integer"),
-        ({"model": "echo", "messages": CHAT, "stream": True}, 400, "streaming is not supported"),
-        ({"model": "echo", "messages": CHAT, "top_logprobs": 2}, 400, "top_logprobs is not supported"),
+        ({"messages": CHAT}, 400, "'model' is required"),
+        ({"model": "echo"}, 400, "'messages' is required"),
+        ({"model": "echo", "messages": []}, 400, "invalid 'messages'"),
+        ({"model": "echo", "messages": [{"role": "user"}]}, 400, "'messages.0.content' is required"),
+        ({"model": "echo", "messages": [{"role": "narrator", "content": "x"}]}, 400, "invalid 'messages.0.role'"),
+        ({"model": "echo", "messages": CHAT, "n": True}, 400, "invalid 'n': Input should be a valid integer"),
+        ({"model": "echo", "messages": CHAT, "n": 0}, 400, "invalid 'n': Input should be greater than or equal to 1"),
+        ({"model": "echo", "messages": CHAT, "temperature": -1}, 400, "invalid 'temperature'"),
+        ({"model": "echo", "messages": CHAT, "top_p": 0}, 400, "invalid 'top_p': Input should be greater than 0"),
+        ({"model": "echo", "messages": CHAT, "max_tokens": 0}, 400, "invalid 'max_tokens'"),
+        ({"model": "echo", "messages": CHAT, "max_completion_tokens": 1.5}, 400, "invalid 'max_completion_tokens'"),
+        ({"model": "echo", "messages": CHAT, "stop": [""]}, 400, "invalid 'stop'"),
+        ({"model": "echo", "messages": CHAT, "seed": "1"}, 400, "invalid 'seed'"),
+        ({"model": "echo", "messages": CHAT, "logprobs": "yes"}, 400, "invalid 'logprobs'"),
+        ({"model": "echo", "messages": CHAT, "top_logprobs": 2}, 400, "'top_logprobs' needs 'logprobs': true"),
+        ({"model": "echo", "messages": CHAT, "logprobs": True, "top_logprobs": 2}, 400,
+         "top log-probabilities need an in-process model"),
+        ({"model": "echo", "messages": CHAT, "response_format": {"type": "json_object"}}, 400,
+         "cannot constrain its output"),
+        ({"model": "echo", "messages": CHAT, "prompt_logprobs": 0}, 400, "cannot score prompts"),
+        ({"model": "echo", "messages": CHAT, "prompt_logprobs": 3}, 400, "only prompt_logprobs: 0"),
+        ({"model": "echo", "messages": CHAT, "prompt_logprobs": 0, "n": 2}, 400, "generates nothing"),
+        ({"model": "echo", "messages": CHAT, "stream_options": {"include_usage": True}}, 400,
+         "'stream_options' needs 'stream': true"),
         ([1, 2], 400, "the body must be a JSON object"),
     ],
 )
@@ -96,11 +103,13 @@ def test_bad_requests_get_json_errors(served, body, status, message):
     assert message in reply.json()["error"]["message"]
     assert reply.json()["error"]["type"] in {"invalid_request_error", "not_found_error"}
     assert backend.calls == []
+    assert post(server, {"model": "echo", "messages": CHAT}).status_code == 200  # still serving
 
 
 def test_unknown_routes_and_invalid_json(served):
     server, _ = served
-    assert httpx.get(f"{server.url}/completions").status_code == 404
+    assert httpx.get(f"{server.url}/nothing").status_code == 404
+    assert httpx.get(f"{server.url}/completions").status_code == 405  # a POST route
     assert httpx.post(f"{server.url}/embeddings", json={}).status_code == 404
     reply = httpx.post(f"{server.url}/chat/completions", content=b"{not json")
     assert reply.status_code == 400 and "not valid JSON" in reply.json()["error"]["message"]
@@ -179,3 +188,43 @@ def test_serve_is_a_cli_command(capsys):
         main(["serve", "--help"])
     assert exit_info.value.code == 0
     assert "--max-batch" in capsys.readouterr().out
+
+
+def test_serve_flags_become_limits(monkeypatch):
+    import simpop.agents
+    from simpop.agents.serve import SimpopServer
+
+    seen = {}
+    monkeypatch.setattr(simpop.agents, "load_backend", lambda spec, **options: EchoBackend())
+    monkeypatch.setattr(SimpopServer, "serve_forever", lambda self: seen.update(server=self))
+    assert main(["serve", "--model", "echo", "--port", "0", "--max-n", "3", "--max-stop", "2",
+                 "--max-body-bytes", "999", "--max-request-compute", "77", "--max-request-tokens", "66",
+                 "--read-timeout", "4", "--keep-alive-timeout", "2", "--default-max-tokens", "9", "--api-key", "k"]) == 0
+    server = seen["server"]
+    assert (server.limits.max_n, server.limits.max_stop, server.limits.max_body_bytes) == (3, 2, 999)
+    assert (server.limits.max_request_compute, server.limits.read_timeout_s, server.limits.keep_alive_s) == (77, 4, 2)
+    assert server.limits.default_max_tokens == 9 and server.limits.max_request_tokens == 66
+    assert server.api_key == "k"
+    with pytest.raises(SystemExit, match="max_n must be >= 1"):
+        main(["serve", "--model", "echo", "--max-n", "0"])
+    with pytest.raises(SystemExit, match="need --engine vllm"):
+        main(["serve", "--model", "echo", "--lora", "a=b"])
+
+
+def test_engine_vllm_delegates_to_the_vllm_launcher(monkeypatch):
+    import sys
+    import types
+
+    calls = []
+    launcher = types.ModuleType("simpop.agents.vllm_server")
+    launcher.serve_forever = lambda **kwargs: calls.append(kwargs)
+    monkeypatch.setitem(sys.modules, "simpop.agents.vllm_server", launcher)
+    assert main(["serve", "--engine", "vllm", "--model", "/m", "--port", "9", "--api-key", "k",
+                 "--lora", "policy=/a/p", "--lora", "sim@v2=/a/s", "--vllm-arg=--max-model-len=512"]) == 0
+    assert calls == [{"model": "/m", "host": "127.0.0.1", "port": 9, "api_key": "k",
+                      "loras": {"policy": "/a/p", "sim@v2": "/a/s"}, "extra_args": ["--max-model-len=512"]}]
+    with pytest.raises(SystemExit, match="--lora takes NAME=PATH"):
+        main(["serve", "--engine", "vllm", "--lora", "nopath"])
+    monkeypatch.setitem(sys.modules, "simpop.agents.vllm_server", None)  # as if vLLM support were missing
+    with pytest.raises(SystemExit, match="needs simpop's vLLM launcher and vLLM itself"):
+        main(["serve", "--engine", "vllm", "--model", "/m"])

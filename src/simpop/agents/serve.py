@@ -1,50 +1,77 @@
-"""``simpop serve``: any simpop backend behind an OpenAI-compatible HTTP API (standard library only).
+"""``simpop serve``: any simpop backend behind an OpenAI-compatible HTTP API (FastAPI on uvicorn).
 
-Endpoints: ``GET /v1/models``, ``POST /v1/chat/completions`` (``n``, ``temperature``, ``top_p``,
-``max_tokens`` / ``max_completion_tokens``, ``stop``, ``seed``, ``logprobs``, ``response_format``) and ``GET /health``
-(request counters); a request with ``prompt_logprobs: 0`` (vLLM's extension, with ``add_generation_prompt``)
-is answered with every prompt token's log-probability and no generation (how
-:meth:`~simpop.agents.openai_backend.OpenAIBackend.score_replies` scores a survey's options). Concurrent requests with the same sampling settings are micro-batched: the first
-request of a batch waits up to ``--batch-window-ms`` for others, then all run as one backend call of at
-most ``--max-batch`` rows, so one process can host the simulators of many trainers. Requests that carry
-a ``seed`` run as a batch of their own, so that their answer does not depend on what else arrived.
+Endpoints: ``GET /v1/models``, ``GET /health`` (request counters), ``POST /v1/chat/completions`` (``n``,
+``temperature``, ``top_p``, ``max_tokens`` / ``max_completion_tokens``, ``stop``, ``seed``, ``logprobs``,
+``top_logprobs``, ``response_format``, ``stream``) and ``POST /v1/completions`` (``prompt`` as text, as a list
+of token ids, or a list of either: the token-in/token-out path; ``logprobs`` as a top-k count, ``stream``).
+A chat request with ``prompt_logprobs: 0`` (vLLM's extension, with ``add_generation_prompt``) is answered
+with every prompt token's log-probability and no generation (how
+:meth:`~simpop.agents.openai_backend.OpenAIBackend.score_replies` scores a survey's options).
+
+Concurrent requests with the same sampling settings are micro-batched (:mod:`simpop.agents.serve_batching`):
+the first request of a batch waits up to ``--batch-window-ms`` for others, then all run as one backend call
+of at most ``--max-batch`` rows, so one process can host the simulators of many trainers. Requests that
+carry a ``seed`` run as a batch of their own, so that their answer does not depend on what else arrived.
+A backend with a tokenizer (``encode_chat`` / ``generate_ids``) is called with token ids, so chat and text
+completions batch together and the compute cap counts real prompt tokens.
 
 Structured output: ``response_format`` ``{"type": "json_schema", "json_schema": {"schema": ...}}`` (or
-``{"type": "json_object"}``, any JSON object) becomes ``SamplingParams.json_schema``, and a backend that
-constrains decoding (``supports_json_schema``, e.g. the in-process transformers backend) answers with
-JSON that follows the schema; a backend that cannot is answered with HTTP 400 rather than free text.
+``{"type": "json_object"}``) becomes ``SamplingParams.json_schema``; a backend that cannot constrain its
+output (``supports_json_schema``) is answered with HTTP 400 rather than free text. ``top_logprobs`` need an
+in-process model (one extra forward pass per choice, at the sampling temperature, before top-p).
+Streaming (``stream: true``) sends OpenAI's chunk format as server-sent events and ends with ``[DONE]``;
+backends generate whole completions, so each choice's text arrives as one chunk once its batch is done.
 
-Beyond the OpenAI schema, every choice carries ``token_ids`` and the response ``prompt_token_ids``
-(vLLM's field names); log-prob entries name tokens as ``token_id:<id>`` (vLLM's
-``return_tokens_as_token_ids`` form). ``simpop.agents.OpenAIBackend`` reads both.
+Beyond the OpenAI schema, every choice carries ``token_ids`` and the response ``prompt_token_ids`` (vLLM's
+field names); log-prob entries name tokens as ``token_id:<id>`` (vLLM's ``return_tokens_as_token_ids``
+form). ``simpop.agents.OpenAIBackend`` reads both.
+
+Limits (each a flag, named in the error that enforces it; :class:`~simpop.agents.serve_requests.Limits`):
+body size (413, unread beyond ``Content-Length``), ``n``, ``stop`` entries, ``n × prompt tokens ×
+max_tokens`` (work) and ``n × (prompt tokens + max_tokens)`` (memory), a read deadline for the request head
+and body, an idle keep-alive timeout (:mod:`simpop.agents.serve_http`). The API key is checked before the
+body is read, on every route including ``/health``. Fields the server does not honour (``tools``,
+penalties, unknown names) get HTTP 400; no client error is answered with 500.
 
     simpop serve --model smollm2 --port 8000
     curl -s localhost:8000/v1/chat/completions -d '{"model": "smollm2", "max_tokens": 16,
          "messages": [{"role": "user", "content": "Hi"}]}'
+    simpop serve --engine vllm --model path/to/hf-folder --lora policy=runs/x/adapter   # vLLM's own server
 """
 
 from __future__ import annotations
 
 import argparse
-import collections
 import contextlib
+import functools
 import json
 import logging
+import socket
 import threading
 import time
 import uuid
-from collections.abc import Iterator
-from dataclasses import dataclass, field
-from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from collections.abc import AsyncIterator, Iterator
 from typing import Any
 
+try:
+    import uvicorn
+    from fastapi import FastAPI, Request
+    from fastapi.exceptions import RequestValidationError
+    from fastapi.responses import JSONResponse, StreamingResponse
+    from pydantic import ValidationError
+    from starlette.exceptions import HTTPException
+except ImportError as missing:
+    raise ImportError(f"simpop serve needs fastapi and uvicorn ({missing}): pip install simpop[llm]") from missing
+
 from simpop.agents.base import Backend, Chat, Generation, SamplingParams, supports_json_schema
-from simpop.agents.chat import check_chat
+from simpop.agents.serve_batching import MicroBatcher
+from simpop.agents.serve_http import HeadTimeoutProtocol, RequestGate, error_body
+from simpop.agents.serve_requests import ChatCompletionRequest, CompletionRequest, LimitExceeded, Limits, describe
 
 log = logging.getLogger(__name__)
 
-DEFAULT_MAX_TOKENS = 512
-MAX_N = 128
+#: token id -> log-probability, the top k at one completion position.
+TopK = list[tuple[int, float]]
 
 
 class RequestError(ValueError):
@@ -55,172 +82,59 @@ class RequestError(ValueError):
         self.status, self.param, self.code = status, param, code
 
 
-@dataclass(eq=False)  # jobs are equal only to themselves (see key)
-class _Job:
-    chats: list[Chat]
-    params: SamplingParams
-    arrived: float = field(default_factory=time.monotonic)
-    done: threading.Event = field(default_factory=threading.Event)
-    result: list[Generation] | None = None
-    error: BaseException | None = None
-
-    @property
-    def key(self) -> object:
-        # Seeded jobs batch with nothing else: their output must not depend on their batch mates.
-        return self.params if self.params.seed is None else self
-
-
-class MicroBatcher:
-    """Funnels generation jobs from many threads into batched calls of one backend, on one worker thread.
-
-    Args:
-        backend: The backend to call (only from the worker thread, so it need not be thread-safe).
-        max_batch: Most chats (rows) per backend call; a single larger job still runs whole.
-        window_s: How long the oldest pending job waits for batch mates.
-    """
-
-    def __init__(self, backend: Backend, max_batch: int = 32, window_s: float = 0.01) -> None:
-        if max_batch < 1:
-            raise ValueError(f"max_batch must be >= 1, got {max_batch}")
-        if window_s < 0:
-            raise ValueError(f"the batching window must be >= 0 seconds, got {window_s}")
-        self.backend, self.max_batch, self.window_s = backend, max_batch, window_s
-        self.batches = 0  # backend calls made
-        self._pending: collections.deque[_Job] = collections.deque()
-        self._cond = threading.Condition()
-        #: Held around every model call: generation batches here, prompt scoring in request threads.
-        self.model_lock = threading.Lock()
-        self._closed = False
-        self._worker = threading.Thread(target=self._loop, name="simpop-serve-batcher", daemon=True)
-        self._worker.start()
-
-    def submit(self, chats: list[Chat], params: SamplingParams) -> list[Generation]:
-        """Generate for ``chats`` (blocking the calling thread); raises what the backend raised."""
-        job = _Job(chats, params)
-        with self._cond:
-            if self._closed:
-                raise RuntimeError("the server is shutting down")
-            self._pending.append(job)
-            self._cond.notify_all()
-        job.done.wait()
-        if job.error is not None:
-            raise job.error
-        assert job.result is not None
-        return job.result
-
-    def close(self, timeout_s: float = 10.0) -> None:
-        """Stop after the running batch; pending jobs fail with an error."""
-        with self._cond:
-            self._closed = True
-            self._cond.notify_all()
-        self._worker.join(timeout_s)
-
-    def _loop(self) -> None:
-        while True:
-            batch = self._next_batch()
-            if batch is None:
-                return
-            self._run(batch)
-
-    def _next_batch(self) -> list[_Job] | None:
-        with self._cond:
-            while not self._pending and not self._closed:
-                self._cond.wait()
-            if self._closed:
-                for job in self._pending:
-                    job.error = RuntimeError("the server is shutting down")
-                    job.done.set()
-                self._pending.clear()
-                return None
-            first = self._pending[0]
-            mates_possible = first.params.seed is None
-            deadline = first.arrived + (self.window_s if mates_possible else 0.0)
-            while not self._closed and self._rows(first.key) < self.max_batch and time.monotonic() < deadline:
-                self._cond.wait(deadline - time.monotonic())
-            batch, rows = [], 0
-            for job in list(self._pending):
-                if job.key == first.key and (not batch or rows + len(job.chats) <= self.max_batch):
-                    batch.append(job)
-                    rows += len(job.chats)
-                    self._pending.remove(job)
-            return batch
-
-    def _rows(self, key: object) -> int:
-        return sum(len(job.chats) for job in self._pending if job.key == key)
-
-    def _run(self, batch: list[_Job]) -> None:
-        self.batches += 1
-        try:
-            with self.model_lock:
-                generations = self.backend.generate(
-                    [chat for job in batch for chat in job.chats], batch[0].params
-                )
-        except ValueError as error:
-            if len(batch) > 1:  # one bad request (e.g. too long) must not fail its batch mates
-                for job in batch:
-                    self._run([job])
-                return
-            batch[0].error = error
-        except Exception as error:  # answered as HTTP 500; the server keeps serving
-            log.exception("backend call failed")
-            for job in batch:
-                job.error = error
-        else:
-            start = 0
-            for job in batch:
-                job.result = generations[start : start + len(job.chats)]
-                start += len(job.chats)
-        for job in batch:
-            job.done.set()
-
-
-class SimpopServer(ThreadingHTTPServer):
+class SimpopServer:
     """An OpenAI-compatible server over one backend. Use :func:`make_server` to build one.
 
     Attributes:
         url: The API root for clients, e.g. ``http://127.0.0.1:8000/v1``.
-        requests: Chat-completion requests received; ``in_flight`` / ``max_in_flight`` count them
-            while they are being answered.
+        limits: What one request may ask (see :class:`~simpop.agents.serve_requests.Limits`).
+        requests: Completion requests received (refused ones too); ``in_flight`` / ``max_in_flight`` count
+            those being answered, ``rejected`` every request answered with a 4xx.
     """
 
-    daemon_threads = True
-
-    def __init__(
-        self,
-        address: tuple[str, int],
-        backend: Backend,
-        model_name: str,
-        batcher: MicroBatcher,
-        api_key: str | None,
-    ) -> None:
-        super().__init__(address, _Handler)
+    def __init__(self, backend: Backend, model_name: str, batcher: MicroBatcher, api_key: str | None,
+                 limits: Limits, sock: socket.socket, log_requests: bool = False) -> None:
         self.backend, self.model_name, self.batcher, self.api_key = backend, model_name, batcher, api_key
+        self.limits, self.socket = limits, sock
         self.created = int(time.time())
-        self.requests = self.in_flight = self.max_in_flight = 0
-        self._count_lock = threading.Lock()
+        self.requests = self.in_flight = self.max_in_flight = self.rejected = 0
+        app = RequestGate(_app(self), api_key, limits.max_body_bytes, limits.read_timeout_s, self._count_request,
+                          self._count_rejection)
+        config = uvicorn.Config(
+            app, http=functools.partial(HeadTimeoutProtocol, head_timeout_s=limits.read_timeout_s),
+            timeout_keep_alive=limits.keep_alive_s, lifespan="off", ws="none", log_config=None,
+            access_log=log_requests, log_level="info" if log_requests else "warning",
+        )
+        self._uvicorn = uvicorn.Server(config)
         self._thread: threading.Thread | None = None
 
     @property
     def url(self) -> str:
-        host, port = self.server_address[:2]
+        host, port = self.socket.getsockname()[:2]
         return f"http://{host}:{port}/v1"
 
-    def start(self) -> SimpopServer:
-        """Serve from a daemon thread (for in-process use and tests); returns ``self``."""
-        # A short poll interval makes close() quick (shutdown waits for the next poll).
-        self._thread = threading.Thread(
-            target=self.serve_forever, args=(0.05,), name="simpop-serve", daemon=True
-        )
+    def serve_forever(self) -> None:
+        """Serve on this thread until Ctrl-C (uvicorn handles the signal)."""
+        self._uvicorn.run(sockets=[self.socket])
+
+    def start(self, timeout_s: float = 30.0) -> SimpopServer:
+        """Serve from a daemon thread (for in-process use and tests); returns ``self`` once it accepts requests."""
+        self._thread = threading.Thread(target=self.serve_forever, name="simpop-serve", daemon=True)
         self._thread.start()
+        deadline = time.monotonic() + timeout_s
+        while not self._uvicorn.started:
+            if not self._thread.is_alive() or time.monotonic() > deadline:
+                raise RuntimeError("simpop serve did not start (see the log)")
+            time.sleep(0.01)
         return self
 
     def close(self) -> None:
         """Stop serving and release the port."""
         if self._thread is not None:
-            self.shutdown()
+            self._uvicorn.should_exit = True
             self._thread.join()
         self.batcher.close()
-        self.server_close()
+        self.socket.close()
 
     def __enter__(self) -> SimpopServer:
         return self
@@ -229,26 +143,25 @@ class SimpopServer(ThreadingHTTPServer):
         self.close()
 
     def stats(self) -> dict[str, int]:
-        with self._count_lock:
-            return {
-                "requests": self.requests,
-                "in_flight": self.in_flight,
-                "max_in_flight": self.max_in_flight,
-                "batches": self.batcher.batches,
-            }
+        return {"requests": self.requests, "in_flight": self.in_flight, "max_in_flight": self.max_in_flight,
+                "rejected": self.rejected, "batches": self.batcher.batches}
 
     @contextlib.contextmanager
     def counting_request(self) -> Iterator[None]:
-        """Count one chat-completion request while it is being answered."""
-        with self._count_lock:
-            self.requests += 1
-            self.in_flight += 1
-            self.max_in_flight = max(self.max_in_flight, self.in_flight)
+        """Count one completion request in flight while it is being answered (called on the event loop only)."""
+        self.in_flight += 1
+        self.max_in_flight = max(self.max_in_flight, self.in_flight)
         try:
             yield
         finally:
-            with self._count_lock:
-                self.in_flight -= 1
+            self.in_flight -= 1
+
+    def _count_request(self, scope: dict[str, Any]) -> None:
+        if scope["path"].rstrip("/").endswith("completions"):
+            self.requests += 1
+
+    def _count_rejection(self, status: int) -> None:
+        self.rejected += 1
 
 
 def make_server(
@@ -260,6 +173,8 @@ def make_server(
     max_batch: int = 32,
     batch_window_s: float = 0.01,
     api_key: str | None = None,
+    limits: Limits | None = None,
+    log_requests: bool = False,
 ) -> SimpopServer:
     """Bind an OpenAI-compatible server for ``backend`` (port 0 picks a free port); call ``serve_forever``
     or ``start``.
@@ -267,171 +182,254 @@ def make_server(
     Args:
         model_name: The model id clients must send; default ``backend.name``.
         api_key: If set, requests must carry ``Authorization: Bearer <api_key>`` (else HTTP 401).
+        limits: Request caps and timeouts; default :class:`~simpop.agents.serve_requests.Limits()`.
+        log_requests: Log every HTTP request (uvicorn's access log).
     """
+    sock = socket.create_server((host, port), family=socket.AF_INET6 if ":" in host else socket.AF_INET)
     batcher = MicroBatcher(backend, max_batch=max_batch, window_s=batch_window_s)
-    return SimpopServer((host, port), backend, model_name or backend.name, batcher, api_key)
+    return SimpopServer(backend, model_name or backend.name, batcher, api_key, limits or Limits(), sock, log_requests)
 
 
-class _Handler(BaseHTTPRequestHandler):
-    server: SimpopServer
-    protocol_version = "HTTP/1.1"  # keep-alive: clients reuse connections across requests
+# ------------------------------------------------------------------------------------------------ routes
 
-    def do_GET(self) -> None:  # noqa: N802 (http.server's naming)
-        if self.path.rstrip("/") == "/v1/models":
-            if self._authorized():
-                model = {
-                    "id": self.server.model_name,
-                    "object": "model",
-                    "created": self.server.created,
-                    "owned_by": "simpop",
-                }
-                self._send(200, {"object": "list", "data": [model]})
-        elif self.path.rstrip("/") == "/health":
-            self._send(200, {"status": "ok", "model": self.server.model_name, **self.server.stats()})
-        else:
-            self._send_error(RequestError(404, f"no route GET {self.path}; try /v1/models", code="not_found"))
 
-    def do_POST(self) -> None:  # noqa: N802
-        body = self.rfile.read(int(self.headers.get("Content-Length") or 0))
-        if self.path.rstrip("/") != "/v1/chat/completions":
-            self._send_error(
-                RequestError(404, f"no route POST {self.path}; try /v1/chat/completions", code="not_found")
-            )
-            return
-        with self.server.counting_request():
-            if not self._authorized():
-                return
-            try:
-                if b'"prompt_logprobs"' in body:  # vLLM's extension: score the prompt, generate nothing
-                    with self.server.batcher.model_lock:
-                        self._send(200, _prompt_logprobs_response(self.server.backend, self.server.model_name, body))
-                    return
-                chats, params = _parse_request(body, self.server.model_name)
-                if params.json_schema is not None and not supports_json_schema(self.server.backend):
-                    raise RequestError(400, f"this server's backend ({type(self.server.backend).__name__}) "
-                                            "cannot constrain its output: send no response_format",
-                                       param="response_format")
-                generations = self.server.batcher.submit(chats, params)
-                self._send(200, _completion_response(self.server.model_name, generations, params))
-            except RequestError as error:
-                self._send_error(error)
-            except ValueError as error:  # the backend rejected the input (e.g. prompt too long)
-                self._send_error(RequestError(400, str(error)))
-            except Exception as error:
-                self._send_error(RequestError(500, f"{type(error).__name__}: {error}", code="server_error"))
+def _app(server: SimpopServer) -> Any:
+    app = FastAPI(title="simpop serve", docs_url=None, redoc_url=None)
 
-    def _authorized(self) -> bool:
-        key = self.server.api_key
-        if key is None or self.headers.get("Authorization") == f"Bearer {key}":
-            return True
-        self._send_error(
-            RequestError(
-                401, "invalid or missing API key (send 'Authorization: Bearer <key>')", code="invalid_api_key"
-            )
-        )
-        return False
+    def error(status: int, message: str, param: str | None = None, code: str | None = None) -> JSONResponse:
+        if status < 500:
+            server.rejected += 1
+        return JSONResponse(error_body(status, message, param, code), status_code=status)
 
-    def _send_error(self, error: RequestError) -> None:
-        kind = {400: "invalid_request_error", 401: "authentication_error", 404: "not_found_error"}.get(
-            error.status, "server_error"
-        )
-        self._send(
-            error.status,
-            {"error": {"message": str(error), "type": kind, "param": error.param, "code": error.code}},
-        )
+    @app.exception_handler(RequestError)
+    async def request_error(_: Request, exc: RequestError) -> JSONResponse:
+        return error(exc.status, str(exc), exc.param, exc.code)
 
-    def _send(self, status: int, payload: dict[str, Any]) -> None:
-        data = json.dumps(payload).encode()
+    @app.exception_handler(HTTPException)
+    async def http_error(request: Request, exc: HTTPException) -> JSONResponse:
+        hint = {404: "; the routes are /v1/models, /v1/chat/completions, /v1/completions and /health"}.get(
+            exc.status_code, "")
+        return error(exc.status_code, f"{exc.detail}: {request.method} {request.url.path}{hint}",
+                     code="not_found" if exc.status_code == 404 else None)
+
+    @app.exception_handler(RequestValidationError)
+    async def invalid(_: Request, exc: RequestValidationError) -> JSONResponse:
+        message, param = describe(exc.errors())
+        return error(400, message, param)
+
+    @app.exception_handler(Exception)
+    async def crashed(_: Request, exc: Exception) -> JSONResponse:
+        log.exception("request failed")
+        return error(500, f"{type(exc).__name__}: {exc}", code="server_error")
+
+    @app.get("/v1/models")
+    async def models() -> dict[str, Any]:
+        model = {"id": server.model_name, "object": "model", "created": server.created, "owned_by": "simpop"}
+        return {"object": "list", "data": [model]}
+
+    @app.get("/health")
+    async def health() -> dict[str, Any]:
+        return {"status": "ok", "model": server.model_name, **server.stats()}
+
+    async def parsed(request: Request, model: type[Any]) -> Any:
+        """The JSON body as ``model``; with or without a JSON content type (curl sends none by default)."""
         try:
-            self.send_response(status)
-            self.send_header("Content-Type", "application/json")
-            self.send_header("Content-Length", str(len(data)))
-            self.end_headers()
-            self.wfile.write(data)
-        except ConnectionError:  # the client gave up (e.g. its timeout); nothing left to tell it
-            self.close_connection = True
+            data = json.loads(await request.body())
+        except ValueError as exc:
+            raise RequestError(400, f"the body is not valid JSON: {exc}") from None
+        if not isinstance(data, dict):
+            raise RequestError(400, "the body must be a JSON object")
+        try:
+            return model.model_validate(data)
+        except ValidationError as exc:
+            message, param = describe(exc.errors())
+            raise RequestError(400, message, param) from None
 
-    def log_message(self, format: str, *args: Any) -> None:  # noqa: A002 (http.server's signature)
-        log.debug("%s %s", self.address_string(), format % args)
+    def documented(model: type[Any]) -> dict[str, Any]:
+        schema = model.model_json_schema()
+        return {"requestBody": {"required": True, "content": {"application/json": {"schema": schema}}}}
+
+    @app.post("/v1/chat/completions", response_model=None, openapi_extra=documented(ChatCompletionRequest))
+    async def chat_completions(request: Request) -> Any:
+        body: ChatCompletionRequest = await parsed(request, ChatCompletionRequest)
+        _check_model(body.model, server.model_name)
+        with server.counting_request():
+            chat = body.chat
+            if body.prompt_logprobs is not None:
+                return JSONResponse(await _in_thread(server, _prompt_logprobs_response, server.backend,
+                                                     server.model_name, chat, body.add_generation_prompt))
+            schema = body.response_format.schema_ if body.response_format is not None else None
+            if schema is not None and not supports_json_schema(server.backend):
+                raise RequestError(400, f"this server's backend ({type(server.backend).__name__}) cannot constrain "
+                                        "its output: send no response_format", param="response_format")
+            top_k = body.top_logprobs or 0
+            if top_k:
+                _check_top_logprobs(server.backend, schema)
+            max_tokens = body.max_new_tokens(server.limits.default_max_tokens)
+            method, row = "generate", chat
+            if _takes_ids(server.backend):
+                ids = await _tokenized(server.backend.encode_chat, chat)  # type: ignore[attr-defined]
+                prompt_tokens = len(ids)
+                if schema is None:  # structured output stays on the chat path (vLLM constrains chats only)
+                    method, row = "generate_ids", ids
+            else:  # bytes bound byte-level BPE tokens from above
+                prompt_tokens = sum(len(m["content"].encode()) for m in chat)
+            _check_limits(server.limits, body, prompt_tokens, max_tokens)
+            params = _params(body, max_tokens, body.logprobs, schema)
+            generations = await _generate(server, method, [row] * body.n, params)
+            tops = None
+            if top_k:
+                tops = await _in_thread(server, _top_logprobs, server.backend, generations, top_k, params)
+            if body.stream:
+                usage = body.stream_options is not None and body.stream_options.include_usage
+                return StreamingResponse(_sse(_chat_chunks(server.model_name, generations, params, tops, usage)),
+                                         media_type="text/event-stream")
+            # A response object skips FastAPI's jsonable_encoder pass: the dicts are JSON-ready already.
+            return JSONResponse(_chat_response(server.model_name, generations, params, tops))
+
+    @app.post("/v1/completions", response_model=None, openapi_extra=documented(CompletionRequest))
+    async def completions(request: Request) -> Any:
+        body: CompletionRequest = await parsed(request, CompletionRequest)
+        _check_model(body.model, server.model_name)
+        with server.counting_request():
+            backend = server.backend
+            if not callable(getattr(backend, "generate_ids", None)):
+                raise RequestError(400, f"this server's backend ({type(backend).__name__}) cannot generate from a "
+                                        "prompt (no generate_ids): use /v1/chat/completions", param="prompt")
+            prompts = [await _tokenized(_encode_text, backend, p) if isinstance(p, str) else p for p in body.prompts]
+            top_k = body.logprobs or 0
+            if top_k:
+                _check_top_logprobs(backend, None)
+            _check_limits(server.limits, body, sum(map(len, prompts)), body.max_tokens, prompts=len(prompts))
+            params = _params(body, body.max_tokens, body.logprobs is not None, None)
+            generations = await _generate(server, "generate_ids", [p for p in prompts for _ in range(body.n)], params)
+            tops = await _in_thread(server, _top_logprobs, backend, generations, top_k, params) if top_k else None
+            if body.stream:
+                usage = body.stream_options is not None and body.stream_options.include_usage
+                return StreamingResponse(_sse(_text_chunks(server.model_name, generations, params, tops, usage)),
+                                         media_type="text/event-stream")
+            return JSONResponse(_text_response(server.model_name, generations, params, tops))
+
+    return app
 
 
-def _parse_request(body: bytes, model_name: str) -> tuple[list[Chat], SamplingParams]:
-    """Validate a chat-completions body; returns ``n`` copies of the chat and the sampling settings."""
+def _check_model(model: str, served: str) -> None:
+    if model != served:
+        raise RequestError(404, f"the model '{model}' does not exist; this server serves '{served}'", "model",
+                           "model_not_found")
+
+
+def _check_limits(limits: Limits, body: Any, prompt_tokens: int, max_tokens: int, prompts: int = 1) -> None:
     try:
-        request = json.loads(body)
-    except ValueError as error:
-        raise RequestError(400, f"the body is not valid JSON: {error}") from None
-    if not isinstance(request, dict):
-        raise RequestError(400, "the body must be a JSON object")
-    model = request.get("model")
-    if not isinstance(model, str):
-        raise RequestError(400, "'model' (a string) is required", param="model")
-    if model != model_name:
-        raise RequestError(
-            404,
-            f"the model '{model}' does not exist; this server serves '{model_name}'",
-            "model",
-            "model_not_found",
-        )
-    if request.get("stream"):
-        raise RequestError(400, "streaming is not supported; leave 'stream' unset", param="stream")
-    if request.get("top_logprobs"):
-        raise RequestError(
-            400, "top_logprobs is not supported; only the chosen tokens' logprobs", param="top_logprobs"
-        )
-    chat = _parse_messages(request.get("messages"))
-    n = _number(request, "n", int, 1, lower=1, upper=MAX_N)
-    max_tokens_field = "max_completion_tokens" if "max_completion_tokens" in request else "max_tokens"
-    stop = request.get("stop")
-    if isinstance(stop, str):
-        stop = [stop]
-    if stop is not None and not (isinstance(stop, list) and all(isinstance(s, str) and s for s in stop)):
-        raise RequestError(400, "'stop' must be a non-empty string or a list of them", param="stop")
-    seed = request.get("seed")
-    if seed is not None and (isinstance(seed, bool) or not isinstance(seed, int)):
-        raise RequestError(400, "'seed' must be an integer", param="seed")
-    logprobs = request.get("logprobs", False)
-    if not isinstance(logprobs, bool):
-        raise RequestError(400, "'logprobs' must be true or false", param="logprobs")
-    json_schema = _response_format(request.get("response_format"))
+        limits.check(body, prompt_tokens, max_tokens, prompts)
+    except LimitExceeded as error:
+        raise RequestError(400, str(error), error.param, "limit_exceeded") from None
+
+
+def _params(body: Any, max_tokens: int, logprobs: bool, schema: dict[str, Any] | None) -> SamplingParams:
     try:
-        params = SamplingParams(
-            max_new_tokens=_number(request, max_tokens_field, int, DEFAULT_MAX_TOKENS, lower=1),
-            temperature=_number(request, "temperature", float, 1.0, lower=0, upper=2),
-            top_p=_number(request, "top_p", float, 1.0, lower=0, upper=1),
-            stop=tuple(stop or ()),
-            seed=seed,
-            logprobs=logprobs,
-            json_schema=json_schema,
-        )
-    except ValueError as error:  # what SamplingParams itself rejects (top_p = 0)
+        return body.sampling(max_tokens, logprobs, schema)
+    except ValueError as error:  # what SamplingParams itself rejects (an unserialisable schema)
         raise RequestError(400, str(error)) from None
-    return [chat] * n, params
 
 
-def _prompt_logprobs_response(backend: Any, model_name: str, body: bytes) -> dict[str, Any]:
+def _takes_ids(backend: Any) -> bool:
+    return callable(getattr(backend, "encode_chat", None)) and callable(getattr(backend, "generate_ids", None))
+
+
+async def _tokenized(encode: Any, *args: Any) -> list[int]:
+    """``encode(*args)`` off the event loop (a long prompt takes a while), as a list of token ids."""
+    import anyio.to_thread
+
+    try:
+        return list(await anyio.to_thread.run_sync(encode, *args))
+    except ValueError as error:  # e.g. a chat the template refuses
+        raise RequestError(400, str(error)) from None
+
+
+def _encode_text(backend: Any, text: str) -> list[int]:
+    tokenizer = getattr(backend, "tokenizer", None)
+    if tokenizer is None:
+        raise RequestError(400, f"this server's backend ({type(backend).__name__}) has no tokenizer for a text "
+                                "prompt: send the prompt as a list of token ids", param="prompt")
+    return list(tokenizer(text)["input_ids"])
+
+
+def _check_top_logprobs(backend: Any, schema: dict[str, Any] | None) -> None:
+    if getattr(backend, "model", None) is None or not callable(getattr(backend, "model", None)):
+        raise RequestError(400, f"top log-probabilities need an in-process model; this server's backend "
+                                f"({type(backend).__name__}) has none: ask for logprobs only", param="top_logprobs")
+    if schema is not None:
+        raise RequestError(400, "top log-probabilities are not available with a response_format (they would not "
+                                "see the schema's constraint)", param="top_logprobs")
+
+
+async def _generate(server: SimpopServer, method: str, rows: list[Any], params: SamplingParams) -> list[Generation]:
+    try:
+        return await server.batcher.generate(method, rows, params)
+    except RequestError:
+        raise
+    except ValueError as error:  # the backend rejected the input (e.g. prompt too long)
+        raise RequestError(400, str(error)) from None
+    except Exception as error:
+        raise RequestError(500, f"{type(error).__name__}: {error}", code="server_error") from None
+
+
+async def _in_thread(server: SimpopServer, function: Any, *args: Any) -> Any:
+    """Run a model call off the event loop, holding the model lock (it never runs beside a batch)."""
+    import anyio.to_thread
+
+    def locked() -> Any:
+        with server.batcher.model_lock:
+            return function(*args)
+
+    try:
+        return await anyio.to_thread.run_sync(locked)
+    except RequestError:
+        raise
+    except ValueError as error:
+        raise RequestError(400, str(error)) from None
+    except Exception as error:
+        log.exception("model call failed")
+        raise RequestError(500, f"{type(error).__name__}: {error}", code="server_error") from None
+
+
+# ------------------------------------------------------------------------------------------ model calls
+
+
+def _top_logprobs(backend: Any, generations: list[Generation], k: int, params: SamplingParams) -> list[list[TopK]]:
+    """The ``k`` most likely tokens at every completion position of each generation (one forward pass each,
+    logits divided by the sampling temperature; greedy reports the raw distribution)."""
+    import torch
+
+    model = backend.model
+    device = getattr(backend, "device", None) or next(model.parameters(), torch.zeros(())).device
+    out: list[list[TopK]] = []
+    with torch.no_grad():
+        for generation in generations:
+            if not generation.token_ids or not generation.prompt_ids:
+                out.append([[] for _ in generation.token_ids])
+                continue
+            sequence = generation.prompt_ids + generation.token_ids
+            start = len(generation.prompt_ids) - 1
+            logits = model(input_ids=torch.tensor([sequence], device=device)).logits[0, start:-1].float()
+            if params.temperature > 0:
+                logits = logits / params.temperature
+            values, ids = logits.log_softmax(-1).topk(k, dim=-1)
+            out.append([list(zip(row_ids, row_values)) for row_ids, row_values in zip(ids.tolist(), values.tolist())])
+    return out
+
+
+def _prompt_logprobs_response(backend: Any, model_name: str, chat: Chat, add_generation_prompt: bool) -> dict[str, Any]:
     """vLLM's ``prompt_logprobs`` extension (with ``prompt_logprobs: 0``): the log-probability of every prompt token
     after the first (``add_generation_prompt`` says whether the rendered prompt ends with the assistant's turn
     opening), ``prompt_token_ids``, and an empty completion: nothing is generated."""
     import torch
 
-    try:
-        request = json.loads(body)
-    except ValueError as error:
-        raise RequestError(400, f"the body is not valid JSON: {error}") from None
-    if not isinstance(request, dict) or request.get("model") != model_name:
-        raise RequestError(400, f"the body must be a JSON object for model '{model_name}'", param="model")
-    if request.get("prompt_logprobs") != 0:
-        raise RequestError(400, "only prompt_logprobs: 0 (each prompt token's own log-probability) is supported",
-                           param="prompt_logprobs")
-    add = request.get("add_generation_prompt", True)
-    if not isinstance(add, bool):
-        raise RequestError(400, "'add_generation_prompt' must be true or false", param="add_generation_prompt")
     if not (callable(getattr(backend, "encode_chat", None)) and callable(getattr(backend, "token_logprobs", None))):
         raise RequestError(400, f"this server's backend ({type(backend).__name__}) cannot score prompts: send no "
                                 "prompt_logprobs", param="prompt_logprobs")
-    chat = _parse_messages(request.get("messages"))
-    ids = backend.encode_chat(chat, add_generation_prompt=add)
+    ids = backend.encode_chat(chat, add_generation_prompt=add_generation_prompt)
     if len(ids) < 2:
         raise RequestError(400, "the prompt has fewer than two tokens: nothing to score")
     with torch.no_grad():
@@ -445,113 +443,105 @@ def _prompt_logprobs_response(backend: Any, model_name: str, body: bytes) -> dic
             "usage": {"prompt_tokens": len(ids), "completion_tokens": 0, "total_tokens": len(ids)}}
 
 
-def _response_format(value: Any) -> dict[str, Any] | None:
-    """The JSON schema an OpenAI ``response_format`` asks for (None for free text)."""
-    if value is None:
+# ------------------------------------------------------------------------------------------- responses
+
+
+def _name(token: int) -> str:
+    return f"token_id:{token}"
+
+
+def _chat_logprobs(generation: Generation, params: SamplingParams, top: list[TopK] | None) -> dict[str, Any] | None:
+    if not params.logprobs or generation.logprobs is None:
         return None
-    kind = value.get("type") if isinstance(value, dict) else None
-    if kind == "text":
+    return {"content": [
+        {"token": _name(token), "logprob": value, "bytes": None,
+         "top_logprobs": [] if top is None else [{"token": _name(t), "logprob": lp, "bytes": None} for t, lp in top[i]]}
+        for i, (token, value) in enumerate(zip(generation.token_ids, generation.logprobs))
+    ]}
+
+
+def _text_logprobs(generation: Generation, params: SamplingParams, top: list[TopK] | None) -> dict[str, Any] | None:
+    if not params.logprobs or generation.logprobs is None:
         return None
-    if kind == "json_object":
-        return {"type": "object"}
-    if kind == "json_schema":
-        spec = value.get("json_schema")
-        schema = spec.get("schema") if isinstance(spec, dict) else None
-        if isinstance(schema, dict):
-            return schema
-        raise RequestError(400, "response_format json_schema needs 'json_schema': {'name': ..., 'schema': {...}}",
-                           param="response_format")
-    raise RequestError(400, "'response_format' must be {'type': 'text' | 'json_object' | 'json_schema', ...}",
-                       param="response_format")
+    return {"tokens": [_name(t) for t in generation.token_ids], "token_logprobs": list(generation.logprobs),
+            "top_logprobs": None if top is None else [{_name(t): lp for t, lp in position} for position in top],
+            "text_offset": None}
 
 
-def _parse_messages(messages: Any) -> Chat:
-    if not isinstance(messages, list) or not messages:
-        raise RequestError(
-            400, "'messages' must be a non-empty list of {role, content} objects", param="messages"
-        )
-    chat = []
-    for message in messages:
-        content = message.get("content") if isinstance(message, dict) else None
-        if isinstance(content, list):  # OpenAI content parts: only text parts carry meaning here
-            if not all(
-                isinstance(p, dict) and p.get("type") == "text" and isinstance(p.get("text"), str)
-                for p in content
-            ):
-                raise RequestError(
-                    400,
-                    "only text content parts ({'type': 'text', 'text': ...}) are supported",
-                    param="messages",
-                )
-            content = "".join(part["text"] for part in content)
-        chat.append({"role": message.get("role") if isinstance(message, dict) else None, "content": content})
-    try:
-        return check_chat(chat)
-    except ValueError as error:
-        raise RequestError(400, str(error), param="messages") from None
-
-
-def _number(
-    request: dict[str, Any], name: str, kind: type, default: Any, lower: float, upper: float | None = None
-) -> Any:
-    value = request.get(name)
-    if value is None:
-        return default
-    if (
-        isinstance(value, bool)
-        or not isinstance(value, (int, float))
-        or (kind is int and not isinstance(value, int))
-    ):
-        raise RequestError(400, f"'{name}' must be {'an integer' if kind is int else 'a number'}", param=name)
-    if value < lower or (upper is not None and value > upper):
-        bounds = f">= {lower}" if upper is None else f"in [{lower}, {upper}]"
-        raise RequestError(400, f"'{name}' must be {bounds}, got {value}", param=name)
-    return kind(value)
-
-
-def _completion_response(
-    model_name: str, generations: list[Generation], params: SamplingParams
-) -> dict[str, Any]:
-    choices = []
-    for index, generation in enumerate(generations):
-        logprobs = None
-        if params.logprobs and generation.logprobs is not None:
-            logprobs = {
-                "content": [
-                    {"token": f"token_id:{token}", "logprob": value, "bytes": None, "top_logprobs": []}
-                    for token, value in zip(generation.token_ids, generation.logprobs)
-                ]
-            }
-        choices.append(
-            {
-                "index": index,
-                "message": {"role": "assistant", "content": generation.text},
-                "finish_reason": generation.finish_reason,
-                "logprobs": logprobs,
-                "token_ids": generation.token_ids,
-            }
-        )
-    prompt_tokens = len(generations[0].prompt_ids)
+def _usage(generations: list[Generation], prompts: list[list[int]]) -> dict[str, int]:
+    prompt_tokens = sum(map(len, prompts))
     completion_tokens = sum(len(g.token_ids) for g in generations)
-    return {
-        "id": f"chatcmpl-{uuid.uuid4().hex}",
-        "object": "chat.completion",
-        "created": int(time.time()),
-        "model": model_name,
-        "choices": choices,
-        "usage": {
-            "prompt_tokens": prompt_tokens,
-            "completion_tokens": completion_tokens,
-            "total_tokens": prompt_tokens + completion_tokens,
-        },
-        "prompt_token_ids": generations[0].prompt_ids,
-    }
+    return {"prompt_tokens": prompt_tokens, "completion_tokens": completion_tokens,
+            "total_tokens": prompt_tokens + completion_tokens}
+
+
+def _chat_response(model: str, generations: list[Generation], params: SamplingParams,
+                   tops: list[list[TopK]] | None) -> dict[str, Any]:
+    choices = [{"index": i, "message": {"role": "assistant", "content": g.text}, "finish_reason": g.finish_reason,
+                "logprobs": _chat_logprobs(g, params, None if tops is None else tops[i]), "token_ids": g.token_ids}
+               for i, g in enumerate(generations)]
+    return {"id": f"chatcmpl-{uuid.uuid4().hex}", "object": "chat.completion", "created": int(time.time()),
+            "model": model, "choices": choices, "usage": _usage(generations, [generations[0].prompt_ids]),
+            "prompt_token_ids": generations[0].prompt_ids}
+
+
+def _text_response(model: str, generations: list[Generation], params: SamplingParams,
+                   tops: list[list[TopK]] | None) -> dict[str, Any]:
+    choices = [{"index": i, "text": g.text, "finish_reason": g.finish_reason,
+                "logprobs": _text_logprobs(g, params, None if tops is None else tops[i]), "token_ids": g.token_ids,
+                "prompt_token_ids": g.prompt_ids}
+               for i, g in enumerate(generations)]
+    prompts = list({tuple(g.prompt_ids): g.prompt_ids for g in generations}.values())
+    return {"id": f"cmpl-{uuid.uuid4().hex}", "object": "text_completion", "created": int(time.time()),
+            "model": model, "choices": choices, "usage": _usage(generations, prompts)}
+
+
+def _chat_chunks(model: str, generations: list[Generation], params: SamplingParams, tops: list[list[TopK]] | None,
+                 usage: bool) -> Iterator[dict[str, Any]]:
+    """OpenAI's ``chat.completion.chunk`` sequence for finished generations: per choice its role, its text (with
+    log-probs and token ids), then its finish reason; optionally a last chunk with the usage."""
+    head = {"id": f"chatcmpl-{uuid.uuid4().hex}", "object": "chat.completion.chunk", "created": int(time.time()),
+            "model": model}
+    for i, g in enumerate(generations):
+        yield {**head, "choices": [{"index": i, "delta": {"role": "assistant", "content": ""}, "logprobs": None,
+                                    "finish_reason": None}]}
+        yield {**head, "choices": [{"index": i, "delta": {"content": g.text}, "finish_reason": None,
+                                    "logprobs": _chat_logprobs(g, params, None if tops is None else tops[i]),
+                                    "token_ids": g.token_ids}],
+               **({"prompt_token_ids": g.prompt_ids} if i == 0 else {})}
+        yield {**head, "choices": [{"index": i, "delta": {}, "logprobs": None, "finish_reason": g.finish_reason}]}
+    if usage:
+        yield {**head, "choices": [], "usage": _usage(generations, [generations[0].prompt_ids])}
+
+
+def _text_chunks(model: str, generations: list[Generation], params: SamplingParams, tops: list[list[TopK]] | None,
+                 usage: bool) -> Iterator[dict[str, Any]]:
+    """The ``text_completion`` chunk sequence for finished generations (see :func:`_chat_chunks`)."""
+    head = {"id": f"cmpl-{uuid.uuid4().hex}", "object": "text_completion", "created": int(time.time()), "model": model}
+    for i, g in enumerate(generations):
+        yield {**head, "choices": [{"index": i, "text": g.text, "finish_reason": None, "token_ids": g.token_ids,
+                                    "prompt_token_ids": g.prompt_ids,
+                                    "logprobs": _text_logprobs(g, params, None if tops is None else tops[i])}]}
+        yield {**head, "choices": [{"index": i, "text": "", "logprobs": None, "finish_reason": g.finish_reason}]}
+    if usage:
+        prompts = list({tuple(g.prompt_ids): g.prompt_ids for g in generations}.values())
+        yield {**head, "choices": [], "usage": _usage(generations, prompts)}
+
+
+async def _sse(chunks: Iterator[dict[str, Any]]) -> AsyncIterator[bytes]:
+    for chunk in chunks:
+        yield f"data: {json.dumps(chunk)}\n\n".encode()
+    yield b"data: [DONE]\n\n"
 
 
 # ----------------------------------------------------------------------------------------------- CLI
 
 
 def configure(parser: argparse.ArgumentParser) -> None:
+    defaults = Limits()
+    parser.add_argument("--engine", choices=("simpop", "vllm"), default="simpop",
+                        help="simpop: this server over any simpop backend; vllm: vLLM's own OpenAI server "
+                             "(needs vllm installed; --model is then a HF model folder or id)")
     parser.add_argument(
         "--model", default="smollm2", help="backend spec (see simpop.agents.load_backend); default smollm2"
     )
@@ -560,41 +550,84 @@ def configure(parser: argparse.ArgumentParser) -> None:
         "--host", default="127.0.0.1", help="interface to bind (0.0.0.0 exposes it to the network)"
     )
     parser.add_argument("--port", type=int, default=8000)
-    parser.add_argument(
+    parser.add_argument("--api-key", help="require this bearer token from clients (on every route)")
+    parser.add_argument("--lora", action="append", default=[], metavar="NAME=PATH",
+                        help="(--engine vllm) serve a LoRA adapter under NAME; repeatable")
+    parser.add_argument("--vllm-arg", action="append", default=[], metavar="ARG",
+                        help="(--engine vllm) one more argument for vLLM's server, e.g. "
+                             "--vllm-arg=--max-model-len=4096; repeatable")
+    simpop = parser.add_argument_group("--engine simpop")
+    simpop.add_argument(
         "--dtype", choices=("float32", "bfloat16"), help="weights dtype of a transformers backend"
     )
-    parser.add_argument("--threads", type=int, help="torch threads of a transformers backend")
-    parser.add_argument("--max-batch", type=int, default=32, help="most chats per backend call")
-    parser.add_argument(
+    simpop.add_argument("--threads", type=int, help="torch threads of a transformers backend")
+    simpop.add_argument("--max-batch", type=int, default=32, help="most chats per backend call")
+    simpop.add_argument(
         "--batch-window-ms", type=float, default=10.0, help="how long a request waits for batch mates"
     )
-    parser.add_argument("--api-key", help="require this bearer token from clients")
+    simpop.add_argument("--max-body-bytes", type=int, default=defaults.max_body_bytes,
+                        help="largest request body; larger ones get HTTP 413 without being read")
+    simpop.add_argument("--max-n", type=int, default=defaults.max_n, help="most completions per request")
+    simpop.add_argument("--max-stop", type=int, default=defaults.max_stop, help="most stop strings per request")
+    simpop.add_argument("--max-request-compute", type=int, default=defaults.max_request_compute,
+                        help="largest n × prompt tokens × max_tokens of one request")
+    simpop.add_argument("--max-request-tokens", type=int, default=defaults.max_request_tokens,
+                        help="largest n × (prompt tokens + max_tokens) of one request (its KV cache)")
+    simpop.add_argument("--default-max-tokens", type=int, default=defaults.default_max_tokens,
+                        help="max_tokens of a chat request that sends none")
+    simpop.add_argument("--read-timeout", type=float, default=defaults.read_timeout_s,
+                        help="seconds a client has to send its request head, and again its body")
+    simpop.add_argument("--keep-alive-timeout", type=float, default=defaults.keep_alive_s,
+                        help="seconds an idle keep-alive connection stays open")
     parser.add_argument("--log-requests", action="store_true", help="log every HTTP request")
 
 
 def run(args: argparse.Namespace) -> int:
-    from simpop.agents import load_backend
-
     logging.basicConfig(
         level=logging.DEBUG if args.log_requests else logging.INFO, format="%(asctime)s %(message)s"
     )
+    if args.engine == "vllm":
+        return _run_vllm(args)
+    if args.lora or args.vllm_arg:
+        raise SystemExit("simpop serve: --lora and --vllm-arg need --engine vllm")
+    from simpop.agents import load_backend
+
+    try:
+        limits = Limits(max_body_bytes=args.max_body_bytes, max_n=args.max_n, max_stop=args.max_stop,
+                        max_request_compute=args.max_request_compute, max_request_tokens=args.max_request_tokens,
+                        default_max_tokens=args.default_max_tokens,
+                        read_timeout_s=args.read_timeout, keep_alive_s=args.keep_alive_timeout)
+    except ValueError as error:
+        raise SystemExit(f"simpop serve: {error}") from None
     options = {k: v for k, v in {"dtype": args.dtype, "threads": args.threads}.items() if v is not None}
     backend = load_backend(args.model, **options)
-    server = make_server(
-        backend,
-        args.host,
-        args.port,
-        model_name=args.name,
-        max_batch=args.max_batch,
-        batch_window_s=args.batch_window_ms / 1000,
-        api_key=args.api_key,
-    )
+    server = make_server(backend, args.host, args.port, model_name=args.name, max_batch=args.max_batch,
+                         batch_window_s=args.batch_window_ms / 1000, api_key=args.api_key, limits=limits,
+                         log_requests=args.log_requests)
     print(f"simpop serve: model '{server.model_name}' at {server.url} (Ctrl-C stops)", flush=True)
     try:
         server.serve_forever()
-    except KeyboardInterrupt:
+    except KeyboardInterrupt:  # uvicorn shuts down gracefully, then re-raises the signal it caught
         pass
     finally:
         server.batcher.close()
-        server.server_close()
+        server.socket.close()
+    return 0
+
+
+def _run_vllm(args: argparse.Namespace) -> int:
+    loras = {}
+    for spec in args.lora:
+        name, sep, path = spec.partition("=")
+        if not (sep and name and path):
+            raise SystemExit(f"simpop serve: --lora takes NAME=PATH, got {spec!r}")
+        loras[name] = path
+    try:
+        from simpop.agents.vllm_server import serve_forever
+    except ImportError as error:
+        raise SystemExit(f"simpop serve --engine vllm needs simpop's vLLM launcher and vLLM itself ({error}); "
+                         "install vLLM with `pip install simpop[vllm]` (or `make vllm-env` on CPU), or use "
+                         "--engine simpop") from None
+    serve_forever(model=args.model, host=args.host, port=args.port, api_key=args.api_key, loras=loras,
+                  extra_args=list(args.vllm_arg))
     return 0

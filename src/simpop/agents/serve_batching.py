@@ -1,0 +1,131 @@
+"""Micro-batching for ``simpop serve``: concurrent requests with the same settings become one backend call."""
+
+from __future__ import annotations
+
+import asyncio
+import collections
+import logging
+import threading
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass
+from typing import Any
+
+from simpop.agents.base import Backend, Generation, SamplingParams
+
+log = logging.getLogger(__name__)
+
+
+@dataclass(eq=False)  # jobs are equal only to themselves (see key)
+class _Job:
+    method: str  # "generate" (chats) or "generate_ids" (prompt token ids)
+    inputs: list[Any]
+    params: SamplingParams
+    arrived: float
+    future: asyncio.Future
+
+    @property
+    def key(self) -> object:
+        # Seeded jobs batch with nothing else: their output must not depend on their batch mates.
+        return (self.method, self.params) if self.params.seed is None else self
+
+
+class MicroBatcher:
+    """Gathers generation jobs on the server's event loop into batched backend calls, run one at a time on a
+    model thread (so the loop keeps answering while the model works, and the backend need not be thread-safe).
+
+    Args:
+        backend: The backend to call.
+        max_batch: Most rows (chats or prompts) per backend call; a single larger job still runs whole.
+        window_s: How long the oldest pending job waits for batch mates.
+    """
+
+    def __init__(self, backend: Backend, max_batch: int = 32, window_s: float = 0.01) -> None:
+        if max_batch < 1:
+            raise ValueError(f"max_batch must be >= 1, got {max_batch}")
+        if window_s < 0:
+            raise ValueError(f"the batching window must be >= 0 seconds, got {window_s}")
+        self.backend, self.max_batch, self.window_s = backend, max_batch, window_s
+        self.batches = 0  # backend calls made
+        #: Held around every model call: generation batches, and prompt scoring in request threads.
+        self.model_lock = threading.Lock()
+        self._model_thread = ThreadPoolExecutor(1, thread_name_prefix="simpop-serve-model")
+        self._pending: collections.deque[_Job] = collections.deque()
+        self._wake: asyncio.Event | None = None
+        self._worker: asyncio.Task | None = None
+
+    async def generate(self, method: str, inputs: list[Any], params: SamplingParams) -> list[Generation]:
+        """``backend.<method>(inputs, params)`` as part of a batch; raises what the backend raised for this job."""
+        loop = asyncio.get_running_loop()
+        if self._worker is None:
+            self._wake = asyncio.Event()
+            self._worker = loop.create_task(self._loop(), name="simpop-serve-batcher")
+        job = _Job(method, inputs, params, loop.time(), loop.create_future())
+        self._pending.append(job)
+        if len(self._pending) == 1 or self._rows(self._pending[0].key) >= self.max_batch:
+            self._wake.set()  # type: ignore[union-attr]
+        return await job.future
+
+    def close(self) -> None:
+        """Stop the model thread after its running batch (the loop's end cancels the waiting jobs)."""
+        self._model_thread.shutdown(wait=True, cancel_futures=True)
+
+    async def _loop(self) -> None:
+        assert self._wake is not None
+        loop = asyncio.get_running_loop()
+        while True:
+            while not self._pending:
+                self._wake.clear()
+                await self._wake.wait()
+            first = self._pending[0]
+            deadline = first.arrived + (self.window_s if first.params.seed is None else 0.0)
+            while self._rows(first.key) < self.max_batch and loop.time() < deadline:
+                self._wake.clear()
+                try:
+                    async with asyncio.timeout_at(deadline):
+                        await self._wake.wait()
+                except TimeoutError:
+                    break
+            batch, rows = [], 0
+            for job in list(self._pending):
+                if job.key == first.key and (not batch or rows + len(job.inputs) <= self.max_batch):
+                    batch.append(job)
+                    rows += len(job.inputs)
+                    self._pending.remove(job)
+            await self._run(batch)
+
+    def _rows(self, key: object) -> int:
+        return sum(len(job.inputs) for job in self._pending if job.key == key)
+
+    async def _run(self, batch: list[_Job]) -> None:
+        self.batches += 1
+        try:
+            generations = await asyncio.get_running_loop().run_in_executor(self._model_thread, self._call, batch)
+        except ValueError as error:
+            if len(batch) > 1:  # one bad request (e.g. too long) must not fail its batch mates
+                for job in batch:
+                    await self._run([job])
+                return
+            _settle(batch[0].future, error=error)
+        except Exception as error:  # answered as HTTP 500; the server keeps serving
+            log.exception("backend call failed")
+            for job in batch:
+                _settle(job.future, error=error)
+        else:
+            start = 0
+            for job in batch:
+                _settle(job.future, result=generations[start : start + len(job.inputs)])
+                start += len(job.inputs)
+
+    def _call(self, batch: list[_Job]) -> list[Generation]:
+        with self.model_lock:
+            call = getattr(self.backend, batch[0].method)
+            return call([x for job in batch for x in job.inputs], batch[0].params)
+
+
+def _settle(future: asyncio.Future, result: Any = None, error: BaseException | None = None) -> None:
+    if future.done():  # the client went away and its request was cancelled
+        return
+    if error is not None:
+        future.set_exception(error)
+    else:
+        future.set_result(result)
