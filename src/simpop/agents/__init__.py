@@ -6,6 +6,8 @@ Backends are named by a *spec* string, used by the CLI and simulator specs:
 - ``transformers:<path or embedded name>``: a local HF model folder, in process.
 - ``openai:<base_url>#<model>``: an OpenAI-compatible server, e.g.
   ``openai:http://127.0.0.1:8000/v1#smollm2`` (:class:`OpenAIBackend`; ``simpop serve`` runs one).
+- ``vllm:<base_url>#<model>``: a running vLLM server, token-in/token-out (:class:`VLLMBackend`);
+  ``vllm:<model folder or embedded name>`` launches one for this process (``make vllm-env`` on CPU).
 
 Backend modules are imported only when a spec needs them, so ``import simpop.agents`` stays light.
 """
@@ -23,7 +25,8 @@ def load_backend(spec: str, **kwargs: Any) -> Backend:
     """Build the backend named by ``spec``; ``kwargs`` go to its constructor.
 
     Args:
-        spec: ``"smollm2"``, ``"transformers:<path>"`` or ``"openai:<base_url>#<model>"``.
+        spec: ``"smollm2"``, ``"transformers:<path>"``, ``"openai:<base_url>#<model>"``,
+            ``"vllm:<base_url>#<model>"`` or ``"vllm:<model folder or embedded name>"``.
         **kwargs: Constructor options, e.g. ``dtype="bfloat16"`` (transformers) or ``max_concurrency=16``
             (openai).
     """
@@ -41,7 +44,12 @@ def load_backend(spec: str, **kwargs: Any) -> Backend:
 
         base_url, _, model = target.rpartition("#")
         return OpenAIBackend(base_url, model, **kwargs)
+    if kind == "vllm" and target:
+        from simpop.agents.vllm_backend import load_vllm_backend
+
+        return load_vllm_backend(target, **kwargs)
     raise ValueError(
-        f"unknown backend spec {spec!r}; use one of {sorted(EMBEDDED_MODELS)}, 'transformers:<path>' or "
-        "'openai:<base_url>#<model>' (e.g. openai:http://127.0.0.1:8000/v1#smollm2)"
+        f"unknown backend spec {spec!r}; use one of {sorted(EMBEDDED_MODELS)}, 'transformers:<path>', "
+        "'openai:<base_url>#<model>' (e.g. openai:http://127.0.0.1:8000/v1#smollm2), 'vllm:<base_url>#<model>' "
+        "or 'vllm:<model folder>'"
     )

@@ -158,11 +158,11 @@ class OpenAIBackend:
         return _parse_completion(await self._request(client, semaphore, payload), params)
 
     async def _request(self, client: httpx.AsyncClient, semaphore: asyncio.Semaphore,
-                       payload: dict[str, Any]) -> dict[str, Any]:
-        """POST ``payload`` to ``/chat/completions`` (retried as the module docstring says); the JSON answer."""
+                       payload: dict[str, Any], path: str = "/chat/completions") -> dict[str, Any]:
+        """POST ``payload`` to ``path`` (retried as the module docstring says); the JSON answer."""
         import httpx
 
-        url = f"{self.base_url}/chat/completions"
+        url = f"{self.base_url}{path}"
         async with semaphore:
             attempt = 0
             while True:
@@ -231,13 +231,14 @@ class OpenAIBackend:
         return {"model": self.name, "messages": chat, "max_tokens": 1, "temperature": 0.0, "prompt_logprobs": 0,
                 "add_generation_prompt": add_generation_prompt, "return_token_ids": True}
 
-    async def _requests(self, payloads: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    async def _requests(self, payloads: list[dict[str, Any]], path: str = "/chat/completions") -> list[dict[str, Any]]:
+        """POST every payload to ``path`` concurrently (at most ``max_concurrency`` in flight); the answers."""
         import httpx
 
         headers = {"Authorization": f"Bearer {self.api_key}"} if self.api_key else {}
         semaphore = asyncio.Semaphore(self.max_concurrency)
         async with httpx.AsyncClient(timeout=self.timeout_s, headers=headers) as client:
-            return list(await asyncio.gather(*(self._request(client, semaphore, p) for p in payloads)))
+            return list(await asyncio.gather(*(self._request(client, semaphore, p, path) for p in payloads)))
 
     @staticmethod
     def _run(coroutine: Any) -> Any:

@@ -6,6 +6,9 @@
 ``openai:BASE_URL#MODEL``          an OpenAI-compatible endpoint (vLLM, ``simpop serve``, an API), as an
                                    untracked :class:`TextPolicy`; the endpoint is probed once at load (an
                                    unreachable one is an error before any episode runs)
+``vllm:BASE_URL#MODEL``            a running vLLM server (:class:`TextPolicy` on
+                                   :class:`~simpop.agents.vllm_backend.VLLMBackend`), probed once at load
+``vllm:PATH``                      a vLLM server launched on a model folder (or embedded name) for this run
 ``hf:PATH``, ``transformers:PATH`` a local HF model folder, in process (:class:`TextPolicy`)
 ``smollm2`` (an embedded name)     an embedded model, in process (:class:`TextPolicy`)
 ``run:DIR[@STEP]``                 a ``simpop train`` run folder: the policy its ``config.yaml`` describes with the
@@ -53,7 +56,7 @@ from simpop.envs.dialogue import parse_observation
 log = logging.getLogger(__name__)
 
 #: One line per spec form, for error messages and ``--help``.
-SPEC_FORMS = ("openai:BASE_URL#MODEL", "hf:PATH", "transformers:PATH", "an embedded model name (smollm2)",
+SPEC_FORMS = ("openai:BASE_URL#MODEL", "vllm:BASE_URL#MODEL", "vllm:PATH", "hf:PATH", "transformers:PATH", "an embedded model name (smollm2)",
               "run:DIR[@STEP]", "reference", "module:attr")
 #: The default decoding of text policies (``simpop eval --temperature/--top-p/--max-new-tokens``).
 DEFAULT_SAMPLING = SamplingParams(max_new_tokens=512, temperature=0.0)
@@ -87,8 +90,17 @@ def load_policy(spec: str, env: Any, *, env_id: str | None = None, sampling: Sam
     kind, _, target = spec.partition(":")
     from simpop.agents.embedded import EMBEDDED_MODELS
 
-    if kind in ("openai", "hf", "transformers") or spec in EMBEDDED_MODELS:
+    if kind in ("openai", "vllm", "hf", "transformers") or spec in EMBEDDED_MODELS:
         _check_text_seat(env, spec)
+    if kind == "vllm":
+        if not target:
+            raise PolicySpecError(f"policy {spec!r}: write vllm:BASE_URL#MODEL or vllm:MODEL_FOLDER")
+        from simpop.agents import load_backend
+
+        backend = load_backend(spec, max_concurrency=max_concurrency)
+        if probe:
+            backend.generate([[{"role": "user", "content": "Say OK."}]], SamplingParams(max_new_tokens=1, seed=0))
+        return TextPolicy(backend, sampling, name=spec)
 
     if kind == "openai":
         if "#" not in target or not target.rpartition("#")[2]:

@@ -18,6 +18,10 @@ One update (:meth:`GRPOTrainer.step`):
    or a frozen copy of the initial policy for full fine-tuning and act-level policies (per-token ``k3``
    estimator for text, exact categorical KL for acts).
 
+4. **Sync.** A text policy that generates on vLLM (``ModelConfig.generator``) pushes its new weights to the
+   server (a versioned LoRA adapter, or an in-place reload); its tokens were sampled by the server, so the
+   surrogate is weighted by truncated importance sampling (``tis_cap``) and the mismatch is logged.
+
 The variants (GRPO, Dr. GRPO, DAPO, REINFORCE++) differ only in those hooks (``GRPOConfig.algorithm``).
 Policies live in :mod:`simpop.agents.policy`; the run loop (metrics, checkpoints, resume, evaluation)
 is :func:`simpop.train.loop.run`.
@@ -76,6 +80,10 @@ class GRPOConfig:
         n_envs: Dialogues run side by side during collection; None runs the whole batch at once.
         seed: Seeds scenario choice, rollouts, sampling and the initial act-level policy weights.
         log_entropy: Log the policy's mean per-token (text) or per-decision (act) entropy.
+        tis_cap: When a text policy generates on another engine (``ModelConfig.generator``, vLLM), weight each
+            token's surrogate by ``min(pi_old / pi_gen, tis_cap)`` (truncated importance sampling, as verl and
+            TRL do; :func:`~simpop.train.objectives.truncated_is_weights`); the mismatch is logged as
+            ``gen_logp_abs_diff`` and ``tis_truncated_frac``. 0 turns the correction off (still logged).
     """
 
     algorithm: str = "grpo"
@@ -96,6 +104,7 @@ class GRPOConfig:
     n_envs: int | None = None
     seed: int = 0
     log_entropy: bool = True
+    tis_cap: float = 2.0
 
     def __post_init__(self) -> None:
         def need(ok: bool, message: str) -> None:
@@ -125,6 +134,8 @@ class GRPOConfig:
                                    f"got {self.temperature}; use 1.0")
         need(0 < self.top_p <= 1, f"top_p must be in (0, 1], got {self.top_p}")
         need(self.n_envs is None or self.n_envs >= 1, f"n_envs must be >= 1 or None (all at once), got {self.n_envs}")
+        need(math.isfinite(self.tis_cap) and self.tis_cap >= 0,
+             f"tis_cap must be >= 0 (0 disables the correction; 2 is usual), got {self.tis_cap}")
 
     @property
     def batch_size(self) -> int:
@@ -198,6 +209,7 @@ class GRPOTrainer:
         self.simulator = simulator
         self.engine = RolloutEngine(env_id, policy, simulator, n_envs=config.n_envs, env_kwargs=env_kwargs)
         self.text = isinstance(policy, LLMPolicy)
+        self.external_generator = self.text and getattr(policy, "generator", None) is not None
         if not list(policy.parameters()):
             raise ValueError("the policy has no trainable weights: build TransformersBackend(trainable=True) for "
                              "full fine-tuning, or LLMPolicy(..., lora=True)")
@@ -281,12 +293,19 @@ class GRPOTrainer:
         stats: dict[str, float] = {}
         for _ in range(c.epochs):
             self.optimizer.zero_grad(set_to_none=True)
-            sums = {"loss": 0.0, "kl": 0.0, "clip_frac": 0.0, "entropy": 0.0}
+            sums = {"loss": 0.0, "kl": 0.0, "clip_frac": 0.0, "entropy": 0.0, "mismatch": 0.0, "truncated": 0.0}
             for i, unit in enumerate(units):
                 logp, entropy, kl = self._forward(unit)
                 old_logp = old[i] if old is not None else logp.detach()
+                is_weight = None
+                if self.external_generator:
+                    mismatch = objectives.truncated_is_weights(old_logp, unit["gen_logp"], unit["weight"],
+                                                               c.tis_cap or math.inf)
+                    sums["mismatch"] += mismatch.abs_diff_sum / max(totals.units, 1.0)
+                    sums["truncated"] += mismatch.truncated / max(totals.units, 1.0)
+                    is_weight = mismatch.weight if c.tis_cap > 0 else None
                 loss, parts = self.objective.loss(logp, old_logp, unit["advantage"], unit["weight"], kl=kl,
-                                                  kl_coef=c.kl_coef, totals=totals)
+                                                  kl_coef=c.kl_coef, totals=totals, is_weight=is_weight)
                 loss.backward()
                 sums["loss"] += loss.item()
                 sums["kl"] += parts["kl"]
@@ -296,6 +315,7 @@ class GRPOTrainer:
             self.optimizer.step()
             stats = {**sums, "grad_norm": grad_norm}
         self.update_count += 1
+        sync = self.policy.sync_generator() if self.text else {}  # type: ignore[union-attr]
         rewards, rollout = batch.rewards, batch.stats
         metrics = {
             "reward_mean": float(rewards.mean()),
@@ -315,6 +335,8 @@ class GRPOTrainer:
         }
         if c.log_entropy:
             metrics["policy_entropy"] = stats["entropy"]
+        if self.external_generator:
+            metrics.update(sync, gen_logp_abs_diff=stats["mismatch"], tis_truncated_frac=stats["truncated"])
         if self.text:
             metrics["policy_tokens"] = float(rollout.policy_tokens)
             metrics["tokens_per_s"] = rollout.policy_tokens / rollout.total_s if rollout.total_s > 0 else 0.0
@@ -339,12 +361,13 @@ class GRPOTrainer:
             chosen = order[begin:begin + self.config.micro_batch_size]
             trajectories = [batch.trajectories[i] for i in chosen]
             width = max(len(t.token_ids) for t in trajectories)
-            weight = torch.zeros(len(chosen), width)
+            weight, gen_logp = torch.zeros(len(chosen), width), torch.zeros(len(chosen), width)
             for row, t in enumerate(trajectories):
                 weight[row, :len(t.mask)] = torch.tensor(t.mask, dtype=torch.float32)
+                gen_logp[row, :len(t.logprobs)] = torch.tensor(t.logprobs, dtype=torch.float32)
             advantage = torch.tensor([float(batch.advantages[i]) for i in chosen])[:, None].expand(-1, width)
             units.append({"sequences": [t.token_ids for t in trajectories], "masks": [t.mask for t in trajectories],
-                          "weight": weight, "advantage": advantage})
+                          "weight": weight, "advantage": advantage, "gen_logp": gen_logp})
         return units
 
     def _forward(self, unit: dict[str, Any]) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor | None]:
@@ -380,6 +403,8 @@ class GRPOTrainer:
         self.optimizer.load_state_dict(state["optimizer"])
         self.rng.bit_generator.state = state["rng"]
         self.update_count = int(state["update_count"])
+        if self.text:
+            self.policy.sync_generator()  # type: ignore[union-attr]  # the generator serves the loaded weights
 
 
 def _group_indices(trajectories: list[Trajectory], start: int) -> list[list[int]]:

@@ -222,7 +222,7 @@ class UnitLoss(NamedTuple):
 
 def per_unit_loss(logp: torch.Tensor, old_logp: torch.Tensor, advantage: torch.Tensor, weight: torch.Tensor, *,
                   eps_low: float = 0.2, eps_high: float = 0.2, kl: torch.Tensor | None = None,
-                  kl_coef: float = 0.0) -> UnitLoss:
+                  kl_coef: float = 0.0, is_weight: torch.Tensor | None = None) -> UnitLoss:
     """``-min(rho * A, clip(rho, 1 - eps_low, 1 + eps_high) * A) + kl_coef * KL`` per unit.
 
     Units with weight 0 (simulator, env and template tokens) are replaced by constants *before* any
@@ -238,24 +238,68 @@ def per_unit_loss(logp: torch.Tensor, old_logp: torch.Tensor, advantage: torch.T
         eps_high: Upper clip range, > 0 (DAPO clip-higher: larger than ``eps_low``).
         kl: KL to the reference per unit (with gradient), or None.
         kl_coef: KL weight.
+        is_weight: Per-unit importance weight of the surrogate (detached), e.g. :func:`truncated_is_weights`
+            when another engine sampled the units; None: 1.
 
     Returns:
         A :class:`UnitLoss`. ``clipped`` marks ratios outside the range whatever the advantage's sign.
     """
     _check_clip(eps_low, eps_high)
-    _check_shapes(weight, logp=logp, old_logp=old_logp, advantage=advantage, kl=kl)
+    _check_shapes(weight, logp=logp, old_logp=old_logp, advantage=advantage, kl=kl, is_weight=is_weight)
     on = weight > 0
     zero = torch.zeros((), dtype=logp.dtype, device=logp.device)
     logp, old_logp = torch.where(on, logp, zero), torch.where(on, old_logp, zero)
     advantage = torch.where(on, advantage, zero)
     ratio = torch.exp(logp - old_logp)
     loss = -torch.minimum(ratio * advantage, torch.clamp(ratio, 1 - eps_low, 1 + eps_high) * advantage)
+    if is_weight is not None:
+        loss = loss * torch.where(on, is_weight.detach(), zero)
     if kl is not None:
         kl = torch.where(on, kl, zero)
         loss = loss + kl_coef * kl
     shift = ratio.detach() - 1  # |shift| > eps written one-sided per bound (exact same test when symmetric)
     clipped = (((shift > eps_high) | (-shift > eps_low)) & on).float()
     return UnitLoss(loss, clipped, kl)
+
+
+class Mismatch(NamedTuple):
+    """Truncated importance sampling of one (micro-)batch (:func:`truncated_is_weights`).
+
+    Attributes:
+        weight: ``min(pi_old / pi_gen, cap)`` per unit (0 at masked units), detached.
+        abs_diff_sum: Sum over units of ``|log pi_old - log pi_gen|`` (divide by the batch's units).
+        truncated: Units whose ratio exceeded the cap.
+    """
+
+    weight: torch.Tensor
+    abs_diff_sum: float
+    truncated: float
+
+
+def truncated_is_weights(old_logp: torch.Tensor, gen_logp: torch.Tensor, weight: torch.Tensor,
+                         cap: float) -> Mismatch:
+    """Truncated importance sampling (TIS; Yao et al. 2025, as in verl and TRL) for units another engine sampled.
+
+    The generator (vLLM) and the trainer (torch) compute slightly different probabilities for the same weights
+    (kernels, precision, batching), so the samples come from ``pi_gen``, not ``pi_old``. Each unit's surrogate
+    is weighted by ``min(exp(log pi_old - log pi_gen), cap)``: unbiased up to the truncation, with bounded
+    variance.
+
+    Args:
+        old_logp: Trainer log-probs of the policy that collected the batch, ``[N]`` or ``[B, T]``.
+        gen_logp: The generator's log-probs of the same units (``Trajectory.logprobs``).
+        weight: 1 at the policy's units, 0 elsewhere.
+        cap: Largest weight (> 0; verl/TRL use 2; ``math.inf``: plain importance sampling).
+    """
+    if not cap > 0:
+        raise ValueError(f"the TIS cap must be a positive number (2 is usual), got {cap}")
+    _check_shapes(weight, old_logp=old_logp, gen_logp=gen_logp)
+    on = weight > 0
+    zero = torch.zeros((), dtype=old_logp.dtype, device=old_logp.device)
+    delta = torch.where(on, old_logp.detach() - gen_logp.to(old_logp.dtype), zero)
+    ratio = torch.exp(delta)
+    return Mismatch(torch.where(on, ratio.clamp(max=cap), zero), float((delta.abs() * weight).sum()),
+                    float(((ratio > cap) & on).sum()))
 
 
 # ===================================================================================== aggregation
@@ -332,8 +376,8 @@ def aggregate(values: torch.Tensor, weight: torch.Tensor, mode: Aggregation = "t
 
 def policy_loss(logp: torch.Tensor, old_logp: torch.Tensor, advantage: torch.Tensor, weight: torch.Tensor, *,
                 eps_low: float = 0.2, eps_high: float = 0.2, kl: torch.Tensor | None = None, kl_coef: float = 0.0,
-                aggregation: Aggregation = "token-mean",
-                totals: LossTotals | None = None) -> tuple[torch.Tensor, dict[str, float]]:
+                aggregation: Aggregation = "token-mean", totals: LossTotals | None = None,
+                is_weight: torch.Tensor | None = None) -> tuple[torch.Tensor, dict[str, float]]:
     """:func:`per_unit_loss` reduced by :func:`aggregate`, plus metrics.
 
     With the defaults this equals the trainer's original ``surrogate_loss`` bit for bit (``totals.units``
@@ -345,7 +389,7 @@ def policy_loss(logp: torch.Tensor, old_logp: torch.Tensor, advantage: torch.Ten
         also add up over micro-batches.
     """
     parts = per_unit_loss(logp, old_logp, advantage, weight, eps_low=eps_low, eps_high=eps_high, kl=kl,
-                          kl_coef=kl_coef)
+                          kl_coef=kl_coef, is_weight=is_weight)
     totals = LossTotals.of([weight]) if totals is None else totals
     loss = aggregate(parts.loss, weight, aggregation, totals)
     units = max(totals.units, 1.0)
@@ -395,11 +439,11 @@ class Algorithm:
         return advantages(rewards, groups, baseline=self.baseline, scale=self.scale)
 
     def loss(self, logp: torch.Tensor, old_logp: torch.Tensor, advantage: torch.Tensor, weight: torch.Tensor, *,
-             kl: torch.Tensor | None = None, kl_coef: float = 0.0,
-             totals: LossTotals | None = None) -> tuple[torch.Tensor, dict[str, float]]:
+             kl: torch.Tensor | None = None, kl_coef: float = 0.0, totals: LossTotals | None = None,
+             is_weight: torch.Tensor | None = None) -> tuple[torch.Tensor, dict[str, float]]:
         """:func:`policy_loss` with this variant's clip range and aggregation."""
         return policy_loss(logp, old_logp, advantage, weight, eps_low=self.eps_low, eps_high=self.eps_high, kl=kl,
-                           kl_coef=kl_coef, aggregation=self.aggregation, totals=totals)
+                           kl_coef=kl_coef, aggregation=self.aggregation, totals=totals, is_weight=is_weight)
 
 
 ALGORITHMS: dict[str, Algorithm] = {a.name: a for a in (

@@ -1,0 +1,226 @@
+"""The vLLM client and weight sync against a fake vLLM server on loopback (payloads, versioned adapters)."""
+
+from __future__ import annotations
+
+import json
+import sys
+import threading
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from pathlib import Path
+
+import pytest
+
+from simpop.agents.base import SamplingParams
+from simpop.agents.openai_backend import RemoteBackendError
+from simpop.agents.policy import ModelConfig
+from simpop.agents.vllm_backend import (VLLMBackend, VLLMGenerator, adapter_version_name, lora_rank_limit,
+                                        parse_generator)
+from simpop.agents.vllm_server import VLLMServer, VLLMServerError, VLLMUnavailable, find_vllm_python
+
+
+class FakeVLLM:
+    """Answers the vLLM endpoints simpop uses and records every request (path, JSON body)."""
+
+    def __init__(self, token_ids: bool = True):
+        self.requests: list[tuple[str, dict]] = []
+        self.adapters: dict[str, str] = {}
+        fake = self
+
+        class Handler(BaseHTTPRequestHandler):
+            def log_message(self, *args):  # keep test output quiet
+                pass
+
+            def do_GET(self):
+                fake.requests.append((self.path, {}))
+                if self.path == "/v1/models":
+                    data = [{"id": "smollm2", "parent": None}] + [{"id": a, "parent": "smollm2"} for a in fake.adapters]
+                    self._send({"data": data})
+                elif self.path == "/metrics":
+                    self._send("# HELP x\nvllm:prefix_cache_queries_total{model_name=\"smollm2\"} 120.0\n"
+                               "vllm:prefix_cache_hits_total{model_name=\"smollm2\"} 96.0\n", text=True)
+
+            def do_POST(self):
+                body = json.loads(self.rfile.read(int(self.headers["Content-Length"])) or b"{}")
+                fake.requests.append((self.path, body))
+                if self.path == "/v1/completions":
+                    n = body["max_tokens"]
+                    ids = [100 + len(body["prompt"]) + i for i in range(n)]
+                    choice = {"text": "x" * n, "finish_reason": "length", "prompt_token_ids": body["prompt"],
+                              "logprobs": {"token_logprobs": [-0.5] * n}}
+                    if token_ids:
+                        choice["token_ids"] = ids
+                    self._send({"choices": [choice]})
+                elif self.path == "/v1/load_lora_adapter":
+                    if body["lora_name"] in fake.adapters:
+                        self._send({"error": {"message": "has already been loaded"}}, status=400)
+                        return
+                    assert (Path(body["lora_path"]) / "adapter_config.json").is_file()
+                    assert (Path(body["lora_path"]) / "adapter_model.safetensors").is_file()
+                    fake.adapters[body["lora_name"]] = body["lora_path"]
+                    self._send("Success", text=True)
+                elif self.path == "/v1/unload_lora_adapter":
+                    fake.adapters.pop(body["lora_name"])
+                    self._send("Success", text=True)
+                elif self.path in ("/collective_rpc", "/reset_prefix_cache"):
+                    self._send({"results": [None]})
+                elif self.path == "/tokenize":
+                    self._send({"tokens": [1, 2, len(body["messages"])]})
+
+            def _send(self, payload, status=200, text=False):
+                data = (payload if text else json.dumps(payload)).encode()
+                self.send_response(status)
+                self.send_header("Content-Type", "text/plain" if text else "application/json")
+                self.send_header("Content-Length", str(len(data)))
+                self.end_headers()
+                self.wfile.write(data)
+
+        self.server = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
+        self.url = f"http://127.0.0.1:{self.server.server_address[1]}"
+        threading.Thread(target=self.server.serve_forever, daemon=True).start()
+
+    def paths(self) -> list[str]:
+        return [p for p, _ in self.requests]
+
+
+@pytest.fixture
+def fake():
+    server = FakeVLLM()
+    yield server
+    server.server.shutdown()
+
+
+def test_generate_ids_sends_exact_ids_and_reads_ids_and_logprobs(fake):
+    backend = VLLMBackend(f"{fake.url}/v1", "smollm2")
+    params = SamplingParams(max_new_tokens=3, temperature=0.7, top_p=0.9, seed=10, logprobs=True, stop=("END",))
+    generations = backend.generate_ids([[1, 2, 3], [1, 2, 3, 4]], params)
+    bodies = [b for p, b in fake.requests if p == "/v1/completions"]
+    assert [b["prompt"] for b in bodies] == [[1, 2, 3], [1, 2, 3, 4]]
+    for i, body in enumerate(bodies):
+        assert body["model"] == "smollm2" and body["return_token_ids"] is True and body["logprobs"] == 0
+        assert body["seed"] == 10 + i and body["max_tokens"] == 3 and body["stop"] == ["END"]
+        assert body["temperature"] == 0.7 and body["top_p"] == 0.9
+    assert generations[1].token_ids == [104, 105, 106] and generations[1].prompt_ids == [1, 2, 3, 4]
+    assert generations[0].logprobs == [-0.5] * 3 and generations[0].finish_reason == "length"
+    backend.adapter = "policy@v3"
+    backend.generate_ids([[5]], SamplingParams(max_new_tokens=1))
+    last = [b for p, b in fake.requests if p == "/v1/completions"][-1]
+    assert last["model"] == "policy@v3" and "logprobs" not in last and "seed" not in last
+
+
+def test_a_server_without_token_ids_is_an_error():
+    fake = FakeVLLM(token_ids=False)
+    try:
+        with pytest.raises(RemoteBackendError, match="token_ids"):
+            VLLMBackend(f"{fake.url}/v1", "smollm2").generate_ids([[1]], SamplingParams(max_new_tokens=1))
+    finally:
+        fake.server.shutdown()
+
+
+def test_chat_template_from_the_server_and_prefix_cache_counters(fake):
+    backend = VLLMBackend(f"{fake.url}/v1", "smollm2")
+    assert backend.encode_chat([{"role": "user", "content": "hi"}]) == [1, 2, 1]
+    tokenize = [b for p, b in fake.requests if p == "/tokenize"][0]
+    assert tokenize["add_generation_prompt"] is True and tokenize["model"] == "smollm2"
+    assert backend.prefix_cache_counters() == {"queries": 120.0, "hits": 96.0, "prompt_tokens": 0.0}
+
+
+def _peft_model():
+    import peft
+    import torch
+    from transformers import LlamaConfig, LlamaForCausalLM
+
+    torch.manual_seed(0)
+    config = LlamaConfig(vocab_size=32, hidden_size=16, intermediate_size=32, num_hidden_layers=1,
+                         num_attention_heads=2, num_key_value_heads=2)
+    return peft.get_peft_model(LlamaForCausalLM(config), peft.LoraConfig(r=4, lora_alpha=8, target_modules=["q_proj"]),
+                               adapter_name="policy")
+
+
+def test_lora_sync_loads_versioned_names_and_unloads_old_ones(fake, tmp_path):
+    generator = VLLMGenerator(VLLMBackend(f"{fake.url}/v1", "smollm2"), "policy", workdir=tmp_path)
+    model = _peft_model()
+    generator.generate_ids([[1, 2]], SamplingParams(max_new_tokens=1))
+    for version in (1, 2, 3):
+        metrics = generator.sync(model)
+        assert metrics["generator_version"] == version and generator.served == f"policy@v{version}"
+        assert list(fake.adapters) == [f"policy@v{version}"]  # the previous version was unloaded
+        assert sorted(p.name for p in tmp_path.iterdir()) == [f"policy@v{version}"]  # and its folder removed
+        generator.generate_ids([[1, 2]], SamplingParams(max_new_tokens=1))
+    models = [b["model"] for p, b in fake.requests if p == "/v1/completions"]
+    assert models == ["smollm2", "policy@v1", "policy@v2", "policy@v3"]
+    # A name left loaded by an earlier run against the same server is replaced, not an error.
+    again = VLLMGenerator(VLLMBackend(f"{fake.url}/v1", "smollm2"), "policy", workdir=tmp_path / "b")
+    fake.adapters["policy@v1"] = "stale"
+    again.sync(model)
+    assert fake.adapters["policy@v1"] == str(tmp_path / "b" / "policy@v1")
+    generator.close()
+
+
+def test_full_finetune_sync_reloads_weights_and_resets_the_prefix_cache(fake, tmp_path):
+    generator = VLLMGenerator(VLLMBackend(f"{fake.url}/v1", "smollm2"), None, workdir=tmp_path)
+    generator.sync(_peft_model().get_base_model())
+    rpc = [b for p, b in fake.requests if p == "/collective_rpc"]
+    assert rpc == [{"method": "reload_weights", "kwargs": {"weights_path": str(tmp_path / "weights")}}]
+    assert fake.paths()[-1] == "/reset_prefix_cache" and (tmp_path / "weights" / "config.json").is_file()
+    generator.generate_ids([[1]], SamplingParams(max_new_tokens=1))
+    assert [b for p, b in fake.requests if p == "/v1/completions"][-1]["model"] == "smollm2"
+
+
+def test_specs_and_names():
+    assert adapter_version_name("policy", 12) == "policy@v12"
+    assert parse_generator("vllm:launch") == "launch" and parse_generator("vllm:http://h:1") == "http://h:1"
+    assert [lora_rank_limit(r) for r in (1, 4, 8, 9, 64)] == [8, 8, 8, 16, 64]
+    with pytest.raises(ValueError, match="vllm:launch"):
+        ModelConfig(generator="vllm:nowhere")
+    with pytest.raises(ValueError, match="largest"):
+        lora_rank_limit(1024)
+
+
+def test_generator_from_a_running_server_serves_its_base_model(fake):
+    from simpop.agents.vllm_backend import build_generator
+
+    generator = build_generator(f"vllm:{fake.url}", "smollm2", tokenizer=None, adapter="policy")
+    assert generator.client.name == "smollm2" and generator.client.base_url == f"{fake.url}/v1"
+    assert generator.served == "smollm2"
+
+
+def test_launcher_finds_python_and_reports_a_failed_start(monkeypatch, tmp_path):
+    monkeypatch.setenv("SIMPOP_VLLM_PYTHON", str(tmp_path / "missing"))
+    with pytest.raises(VLLMUnavailable, match="not a file"):
+        find_vllm_python()
+    monkeypatch.setenv("SIMPOP_VLLM_PYTHON", sys.executable)
+    assert find_vllm_python() == sys.executable
+    folder = tmp_path / "model"
+    folder.mkdir()
+    (folder / "config.json").write_text("{}")
+    # This interpreter has no vLLM: the server exits at once, and the error carries its log tail.
+    server = VLLMServer(folder, "m", loras={"policy": "/a"}, api_key="k", startup_timeout_s=60)
+    command = server.command()
+    assert command[1:3] == ["-m", "vllm.entrypoints.openai.api_server"] and "--enable-lora" in command
+    assert command[command.index("--lora-modules") + 1] == "policy=/a" and "--enable-prefix-caching" in command
+    env = server.environment()
+    assert env["VLLM_ALLOW_RUNTIME_LORA_UPDATING"] == "1" and env["VLLM_SERVER_DEV_MODE"] == "1"
+    with pytest.raises(VLLMServerError, match="No module named 'vllm'"):
+        server.start()
+    assert server.process is None
+
+
+def test_specs_name_a_running_server_as_backend_and_as_eval_policy(fake):
+    import simpop
+    from simpop.agents import load_backend
+    from simpop.evaluation.policies import PolicySpecError, load_policy
+
+    backend = load_backend(f"vllm:{fake.url}/v1#smollm2")
+    assert isinstance(backend, VLLMBackend) and backend.name == "smollm2" and backend.root == fake.url
+    policy = load_policy(f"vllm:{fake.url}/v1#smollm2", simpop.make("simpop/Persuasion-v0"), probe=False)
+    assert isinstance(policy.backend, VLLMBackend)
+    with pytest.raises(PolicySpecError, match="vllm:BASE_URL#MODEL"):
+        load_policy("vllm:", simpop.make("simpop/Persuasion-v0"))
+
+
+def test_in_process_mode_needs_vllm_in_this_python(monkeypatch):
+    from simpop.agents.vllm_backend import LocalVLLM
+
+    monkeypatch.setitem(sys.modules, "vllm", None)  # as in a Python without vLLM
+    with pytest.raises(ImportError, match="make vllm-env"):
+        LocalVLLM("smollm2")
