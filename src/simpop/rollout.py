@@ -279,7 +279,7 @@ class RolloutEngine:
 
     # ----------------------------------------------------------------- public API
     def scenario_ids(self) -> list[str]:
-        return self._env_pool(1)[0].scenario_ids()
+        return self.env_pool(1)[0].scenario_ids()
 
     def collect(self, scenarios: Sequence[str] | int, group_size: int = 1, seed: int = 0) -> list[Trajectory]:
         """Run ``group_size`` dialogues per scenario (GRPO groups).
@@ -306,13 +306,12 @@ class RolloutEngine:
         return self.run(jobs, np.random.default_rng([seed, 2]))
 
     def run(self, jobs: Sequence[Job], rng: np.random.Generator) -> list[Trajectory]:
-        """Run ``jobs`` in waves of ``n_envs``; ``rng`` drives the policy's sampling."""
+        """Run ``jobs`` in waves of ``n_envs``; ``rng`` drives the policy's sampling (see :func:`plan_waves`)."""
         self.stats = RolloutStats()
         start = time.perf_counter()
-        size = self.n_envs or max(1, len(jobs))
         out: list[Trajectory] = []
-        for begin in range(0, len(jobs), size):
-            out.extend(self._wave(jobs[begin:begin + size], rng))
+        for wave_jobs, wave_rng in plan_waves(jobs, rng, self.n_envs or max(1, len(jobs))):
+            out.extend(self.run_wave(wave_jobs, wave_rng))
         self.stats.total_s = time.perf_counter() - start
         self.stats.dialogues = len(out)
         if self.stats.user_rejected:
@@ -322,13 +321,15 @@ class RolloutEngine:
         return out
 
     # ----------------------------------------------------------------- one wave
-    def _env_pool(self, n: int) -> list[DialogueEnv]:
+    def env_pool(self, n: int) -> list[DialogueEnv]:
+        """The envs that play a wave of ``n`` dialogues (env ``i`` plays its ``i``-th), made as needed."""
         while len(self._envs) < n:
             self._envs.append(self.env_fn())
         return self._envs[:n]
 
-    def _wave(self, jobs: Sequence[Job], rng: np.random.Generator) -> list[Trajectory]:
-        envs = self._env_pool(len(jobs))
+    def run_wave(self, jobs: Sequence[Job], rng: np.random.Generator) -> list[Trajectory]:
+        """Run ``jobs`` side by side as one wave (counts add to :attr:`stats`); ``rng`` drives the policy."""
+        envs = self.env_pool(len(jobs))
         dialogues = []
         for slot, (job, env) in enumerate(zip(jobs, envs)):
             observations, _ = env.reset(seed=job.seed, options={"scenario_id": job.scenario_id})
@@ -438,6 +439,18 @@ class RolloutEngine:
             t.prompt_length = d.ledger.prompt_length
         d.done = True
         return True
+
+
+def plan_waves(jobs: Sequence[Job], rng: np.random.Generator, size: int) -> list[tuple[list[Job], np.random.Generator]]:
+    """Split ``jobs`` into waves of ``size``, each with the generator that drives its policy.
+
+    A single wave uses ``rng`` itself; several waves each get a child spawned from ``rng``, so a wave's
+    dialogues do not depend on which waves ran before it, or where (Ray workers run waves side by side,
+    :mod:`simpop.rollout_ray`, with the same results).
+    """
+    waves = [list(jobs[begin:begin + size]) for begin in range(0, len(jobs), size)]
+    rngs = [rng] if len(waves) == 1 else rng.spawn(len(waves))
+    return list(zip(waves, rngs))
 
 
 def _trailing_ones(mask: Sequence[int]) -> int:

@@ -59,6 +59,14 @@ def configure(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--max-new-tokens", type=int, default=512, help="text policies' reply limit (default 512)")
     parser.add_argument("--resamples", type=int, default=10_000, help="compare: bootstrap resamples (default 10000)")
     parser.add_argument("--threads", type=int, help="torch CPU threads")
+    parser.add_argument("--ray", action="store_true", help="run the chunks in Ray rollout workers, one chunk per "
+                                                           "worker at a time (pip install 'simpop[ray]'; same "
+                                                           "records; the policy must be act-level, scripted or "
+                                                           "openai:URL#MODEL)")
+    parser.add_argument("--ray-address", help="a running Ray cluster to join (default: start a local one)")
+    parser.add_argument("--ray-workers", type=int, default=2, help="Ray rollout workers (default 2)")
+    parser.add_argument("--ray-worker-cpus", type=float, default=1.0,
+                        help="CPUs each Ray worker reserves (fractions share a core; default 1)")
     parser.add_argument("--no-progress", action="store_true", help="hide the progress bar")
 
 
@@ -109,6 +117,11 @@ def _evaluate(args: argparse.Namespace) -> int:
         from simpop.evaluation.policies import load_policy
 
         kwargs = parse_env_args(args.env_arg)
+        from simpop.rollout_ray import RayConfig, import_ray
+
+        ray = RayConfig(args.ray, args.ray_address, args.ray_workers, args.ray_worker_cpus) if args.ray else None
+        if ray is not None:
+            import_ray()  # not installed: say how to install it, before anything runs
         env = simpop.make(args.env, **kwargs)
         panel, card = load_panel_arg(args.panel, env, args.env)
         print(card)
@@ -129,7 +142,8 @@ def _evaluate(args: argparse.Namespace) -> int:
     try:
         summary = evaluate_panel(args.env, policy, panel, episodes=args.episodes, num_trials=args.num_trials,
                                  seed=args.seed, out=args.out, resume=args.resume, concurrency=args.concurrency,
-                                 env_kwargs=kwargs, progress=not args.no_progress, policy_spec=args.policy)
+                                 env_kwargs=kwargs, progress=not args.no_progress, policy_spec=args.policy,
+                                 ray=ray)
     except ValueError as error:  # settings: an --out holding another evaluation, a resume that does not match
         raise _InputError(_one_line(error)) from None
     except KeyboardInterrupt:

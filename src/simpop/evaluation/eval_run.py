@@ -18,6 +18,10 @@ own seed and only the missing records are written, so a resumed run ends with ex
 uninterrupted one (for local models and native simulators; remote models are as deterministic as their
 server). The summary is always computed from the file, in plan order.
 
+**Ray.** With ``ray`` (:class:`~simpop.rollout_ray.RayConfig`, ``simpop eval --ray``) the chunks run in Ray
+workers, one chunk per worker at a time, each with the generator it has locally, so the records are the same;
+each worker sends back its envs' transcripts. τ² envs stay local (their results files read the env's state).
+
 **Failures.** A policy or simulator that raises in a chunk does not end the evaluation: the chunk's
 episodes run again one at a time (each with its own seed), and an episode that still raises is recorded
 with ``error`` (success 0), counted and logged. ``KeyboardInterrupt`` stops the run; finished chunks stay.
@@ -49,6 +53,7 @@ import numpy as np
 from simpop.evaluation.metrics import wilson_ci
 from simpop.evaluation.panel import EnvPool, EpisodeRecord, begin_wave, episode_record, json_safe, transcript_of
 from simpop.rollout import Job, RolloutEngine, Trajectory
+from simpop.rollout_ray import RayConfig, RayRolloutEngine
 from simpop.simulators.population import Panel
 
 log = logging.getLogger(__name__)
@@ -109,7 +114,7 @@ def _seed(entropy: list[int]) -> int:
 def evaluate_panel(env_id: str, policy: Any, panel: Panel, *, episodes: int | None = None,
                    num_trials: int | None = None, seed: int = 0, out: str | Path, resume: bool = False,
                    concurrency: int = 8, env_kwargs: Mapping[str, Any] | None = None, progress: bool = False,
-                   policy_spec: str | None = None) -> dict[str, Any]:
+                   policy_spec: str | None = None, ray: RayConfig | None = None) -> dict[str, Any]:
     """Evaluate ``policy`` on every member of ``panel`` and write the outputs to ``out`` (module docstring).
 
     Args:
@@ -125,6 +130,7 @@ def evaluate_panel(env_id: str, policy: Any, panel: Panel, *, episodes: int | No
         env_kwargs: Env constructor arguments.
         progress: Show a progress bar.
         policy_spec: How the policy was named (recorded and compared on resume).
+        ray: Run the chunks in Ray rollout workers when ``ray.ray`` (same records as locally).
 
     Returns:
         The summary (as written to ``summary.json``).
@@ -139,6 +145,9 @@ def evaluate_panel(env_id: str, policy: Any, panel: Panel, *, episodes: int | No
     kwargs = dict(env_kwargs or {})
     pool = EnvPool(lambda: make(env_id, **kwargs))
     plan = plan_episodes(pool.take(1)[0].scenario_ids(), episodes=episodes, num_trials=num_trials, seed=seed)
+    if ray is not None and ray.ray and is_tau2(pool.take(1)[0]):
+        raise ValueError("--ray does not run τ² evaluations (their results files read each env's state); "
+                         "run them without --ray")
     members = {name: member_spec(simulator) for name, simulator in panel}
     settings = {"env": env_id, "env_kwargs": json_safe(kwargs), "policy": policy_spec or _describe(policy),
                 "panel": panel.name, "members": members, "seed": int(seed), "episodes": episodes,
@@ -157,18 +166,23 @@ def evaluate_panel(env_id: str, policy: Any, panel: Panel, *, episodes: int | No
     started = time.perf_counter()
     try:
         for name, simulator in panel:
-            engine = RolloutEngine(pool.factory(), policy, simulator, n_envs=concurrency)
-            for c in range(0, len(plan), concurrency):
-                chunk = plan[c:c + concurrency]
-                missing = [e for e in chunk if (name, e.scenario, e.trial) not in done]
-                if not missing:
-                    continue
-                records = _run_chunk(engine, pool, policy, name, chunk, [seed, 3, c // concurrency])
-                new = [r for r in records if r.key not in done]
-                append_records(path, new)
-                done.update(r.key for r in new)
-                errors += sum(r.error is not None for r in new)
-                bar.update(len(new))
+            if ray is not None and ray.ray:
+                engine: RolloutEngine = RayRolloutEngine(lambda: make(env_id, **kwargs), policy, simulator,
+                                                         n_envs=concurrency, config=ray, env_view=env_view)
+            else:
+                engine = RolloutEngine(pool.factory(), policy, simulator, n_envs=concurrency)
+            todo = [(plan[c:c + concurrency], [seed, 3, c // concurrency]) for c in range(0, len(plan), concurrency)
+                    if any((name, e.scenario, e.trial) not in done for e in plan[c:c + concurrency])]
+            side_by_side = ray.ray_workers if isinstance(engine, RayRolloutEngine) and ray is not None else 1
+            for g in range(0, len(todo), side_by_side):
+                for records in _run_chunks(engine, pool, policy, name, todo[g:g + side_by_side]):
+                    new = [r for r in records if r.key not in done]
+                    append_records(path, new)
+                    done.update(r.key for r in new)
+                    errors += sum(r.error is not None for r in new)
+                    bar.update(len(new))
+            if isinstance(engine, RayRolloutEngine):
+                engine.close()
     finally:
         bar.close()
     if errors:
@@ -209,6 +223,32 @@ def _prepare(out: Path, settings: dict[str, Any], resume: bool) -> None:
     settings_path.write_text(json.dumps(settings, indent=2, sort_keys=True) + "\n")
 
 
+def env_view(env: Any) -> Any:
+    """What a record needs of the env that ran a dialogue, sent back by Ray workers: its transcript."""
+    from types import SimpleNamespace
+
+    return SimpleNamespace(transcript=list(getattr(env, "transcript", [])))
+
+
+def _run_chunks(engine: RolloutEngine, pool: EnvPool, policy: Any, member: str,
+                chunks: list[tuple[list[PlannedEpisode], list[int]]]) -> list[list[EpisodeRecord]]:
+    """Records of several chunks (each with its generator's seed) run side by side by Ray workers, else one by one
+    (as they also run if the side-by-side run raises)."""
+    if isinstance(engine, RayRolloutEngine) and len(chunks) > 1:
+        try:
+            trajectories = engine.run_waves([([Job(e.scenario, e.index, e.seed) for e in chunk],
+                                              np.random.default_rng(rng_seed)) for chunk, rng_seed in chunks])
+            episodes = [e for chunk, _ in chunks for e in chunk]
+            records = [_record(t, view, policy, member, e)
+                       for t, view, e in zip(trajectories, engine.env_views, episodes, strict=True)]
+            sizes = np.cumsum([0] + [len(chunk) for chunk, _ in chunks])
+            return [records[a:b] for a, b in zip(sizes[:-1], sizes[1:])]
+        except Exception as error:
+            log.warning("member %s: %d chunks run side by side raised (%s: %s); running them one at a time",
+                        member, len(chunks), type(error).__name__, _first_line(error))
+    return [_run_chunk(engine, pool, policy, member, chunk, rng_seed) for chunk, rng_seed in chunks]
+
+
 def _run_chunk(engine: RolloutEngine, pool: EnvPool, policy: Any, member: str, chunk: list[PlannedEpisode],
                rng_seed: list[int]) -> list[EpisodeRecord]:
     """Run one chunk as one wave; if it raises, run its episodes one by one and record those that still fail."""
@@ -216,7 +256,8 @@ def _run_chunk(engine: RolloutEngine, pool: EnvPool, policy: Any, member: str, c
     begin_wave(policy, envs)
     try:
         trajectories = engine.run([Job(e.scenario, e.index, e.seed) for e in chunk], np.random.default_rng(rng_seed))
-        return [_record(t, envs[i], policy, member, chunk[i]) for i, t in enumerate(trajectories)]
+        views = engine.env_views if isinstance(engine, RayRolloutEngine) else envs
+        return [_record(t, views[i], policy, member, chunk[i]) for i, t in enumerate(trajectories)]
     except Exception as error:
         log.warning("member %s: a chunk of %d episode(s) raised (%s: %s); running them one at a time",
                     member, len(chunk), type(error).__name__, _first_line(error))
@@ -227,7 +268,8 @@ def _run_chunk(engine: RolloutEngine, pool: EnvPool, policy: Any, member: str, c
         begin_wave(policy, [env])
         try:
             (t,) = engine.run([Job(e.scenario, e.index, e.seed)], np.random.default_rng([*rng_seed, 1 + j]))
-            records.append(_record(t, env, policy, member, e))
+            records.append(_record(t, engine.env_views[0] if isinstance(engine, RayRolloutEngine) else env, policy,
+                                   member, e))
         except Exception as error:
             message = f"{type(error).__name__}: {_first_line(error)}"
             log.warning("member %s, scenario %s, trial %d: episode failed: %s", member, e.scenario, e.trial, message)
