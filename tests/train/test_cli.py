@@ -38,7 +38,7 @@ def test_train_grpo_writes_run_folder_and_resumes(tmp_path, capsys):
 
     assert main(args()) == 0
     saved = yaml.safe_load((out / "config.yaml").read_text())
-    assert list(saved) == ["grpo", "model", "loop"]  # by section
+    assert list(saved) == ["grpo", "model", "loop", "rollout"]  # by section
     assert (saved["grpo"]["group_size"], saved["grpo"]["scenarios_per_update"], saved["grpo"]["epochs"]) == (3, 2, 2)
     assert saved["model"]["hidden_size"] == 16 and saved["grpo"]["algorithm"] == "grpo"  # flags win over YAML
     assert json.loads((out / "run.json").read_text()) == {"trainer": "grpo", "env": "simpop/PersuasionAct-v0",
@@ -75,8 +75,9 @@ def test_train_grpo_sectioned_config_and_dapo(tmp_path, capsys):
     saved = yaml.safe_load((out / "config.yaml").read_text())
     assert (saved["grpo"]["algorithm"], saved["grpo"]["group_size"], saved["grpo"]["max_refill_rounds"]) == \
         ("dapo", 2, 2)  # --group-size 2 wins over the YAML's 3
-    assert saved["model"]["hidden_size"] == 8 and saved["loop"] == {"save_every": 2, "keep_checkpoints": 3,
-                                                                    "eval_every": 10, "tensorboard": False}
+    assert saved["model"]["hidden_size"] == 8
+    assert {k: saved["loop"][k] for k in ("save_every", "keep_checkpoints", "eval_every", "tensorboard")} == \
+        {"save_every": 2, "keep_checkpoints": 3, "eval_every": 10, "tensorboard": False}  # YAML, then defaults
     records = _records(out)
     assert [r["step"] for r in records] == [1, 2, 3]
     assert all({"refill_rounds", "refill_shortfall", "collected_zero_var_frac"} <= set(r) for r in records)

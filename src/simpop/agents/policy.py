@@ -81,7 +81,9 @@ class ModelConfig:
 
     Attributes:
         model: Text policies: an embedded model name (``smollm2``) or a local HF folder.
-        dtype: Weights dtype of a text policy (``float32`` or ``bfloat16``).
+        dtype: Weights dtype of a text policy: ``float32``, ``bfloat16`` or ``auto`` (bfloat16 on CUDA GPUs and
+            on CPUs with native bf16 matmul, AVX512-BF16/AMX; float32 on other CPUs, where bf16 is ~1.8x slower).
+            ``simpop train`` records the resolved one as ``model_dtype`` in the run's ``run.json``.
         prefix_cache: Text models keep each dialogue's KV cache between its turns, so a turn reads only its
             new tokens (3x faster collection in ``benchmarks/rollout_batching.py``; memory: up to 64 cached
             sequences per model, ~46 KB per token for SmolLM2 in float32). Dropped at every weight update.
@@ -91,20 +93,25 @@ class ModelConfig:
         lora_alpha: LoRA scaling numerator (the update is scaled by lora_alpha / lora_r).
         adapter: Name of the policy's LoRA adapter (distinct from simulators' adapters on a shared model).
         hidden_size: Width of the act-level policy's two hidden layers.
+        generator: Where text policies generate: ``""`` in torch (the trained model itself), ``vllm:launch``
+            (a vLLM server started for the run) or ``vllm:http://HOST:PORT`` (a running one serving the same
+            base model). Training stays in torch; the trainer syncs the weights after each update
+            (:class:`~simpop.agents.vllm_backend.VLLMGenerator`).
     """
 
     model: str = "smollm2"
-    dtype: Literal["float32", "bfloat16"] = "float32"
+    dtype: Literal["auto", "float32", "bfloat16"] = "auto"
     prefix_cache: bool = True
     lora: bool = False
     lora_r: int = 16
     lora_alpha: int = 32
     adapter: str = "policy"
     hidden_size: int = 64
+    generator: str = ""
 
     def __post_init__(self) -> None:
-        if self.dtype not in ("float32", "bfloat16"):
-            raise ValueError(f"ModelConfig: dtype must be 'float32' or 'bfloat16', got {self.dtype!r}")
+        if self.dtype not in ("auto", "float32", "bfloat16"):
+            raise ValueError(f"ModelConfig: dtype must be 'auto', 'float32' or 'bfloat16', got {self.dtype!r}")
         if self.lora_r < 1 or self.lora_alpha < 1:
             raise ValueError(f"ModelConfig: lora_r and lora_alpha must be >= 1, got r={self.lora_r}, "
                              f"alpha={self.lora_alpha}")
@@ -112,6 +119,13 @@ class ModelConfig:
             raise ValueError(f"ModelConfig: hidden_size must be >= 1, got {self.hidden_size}")
         if not self.adapter or "." in self.adapter:
             raise ValueError(f"ModelConfig: adapter must be a non-empty name without '.', got {self.adapter!r}")
+        if self.generator:
+            from simpop.agents.vllm_backend import parse_generator
+
+            try:
+                parse_generator(self.generator)
+            except ValueError as error:
+                raise ValueError(f"ModelConfig: {error}") from None
 
 
 def build_policy(env: Any, model: ModelConfig, sampling: SamplingParams | None = None, seed: int = 0,
@@ -128,8 +142,13 @@ def build_policy(env: Any, model: ModelConfig, sampling: SamplingParams | None =
 
         backend = TransformersBackend(model.model, dtype=model.dtype, trainable=not model.lora,
                                       prefix_cache=model.prefix_cache)
-    return LLMPolicy(backend, sampling, lora=model.lora, lora_r=model.lora_r, lora_alpha=model.lora_alpha,
-                     adapter=model.adapter)
+    policy = LLMPolicy(backend, sampling, lora=model.lora, lora_r=model.lora_r, lora_alpha=model.lora_alpha,
+                       adapter=model.adapter)
+    if model.generator:
+        from simpop.agents.vllm_backend import build_generator
+
+        policy.generator = build_generator(model.generator, model.model, backend.path, policy.adapter, model.lora_r)
+    return policy
 
 
 class ActPolicy(nn.Module):
@@ -185,9 +204,10 @@ class ActPolicy(nn.Module):
         if rng is None:
             return [int(a) for a in probs.argmax(axis=1)]
         # Inverse-CDF sampling with the caller's generator keeps rollouts reproducible.
+        # (cdf <= u).sum() is searchsorted(cdf, u, side="right") for every row at once (cdf is non-decreasing).
         u = rng.random(len(observations))
         cdf = np.cumsum(probs, axis=1)
-        return [int(min(np.searchsorted(row, x, side="right"), self.n_actions - 1)) for row, x in zip(cdf, u)]
+        return np.minimum((cdf <= u[:, None]).sum(axis=1), self.n_actions - 1).tolist()
 
     def log_probs(self, observations: Sequence[Any] | torch.Tensor) -> torch.Tensor:
         """Log-probabilities of every action, ``[B, n_actions]``, with gradient."""
@@ -226,11 +246,15 @@ class LLMPolicy:
         adapter: Name of the policy's LoRA adapter.
         system_prompt: A fixed system message; None uses the observation's ``instructions`` field (the
             text envs' task description for the seat), or no system message if it has none.
+        generator: Generate on another engine (a :class:`~simpop.agents.vllm_backend.VLLMGenerator`) while
+            training here; :meth:`sync_generator` pushes the weights after each update. None: the backend.
     """
 
     def __init__(self, backend: TrainableBackend, sampling: SamplingParams | None = None, lora: bool = False,
-                 lora_r: int = 16, lora_alpha: int = 32, adapter: str = "policy", system_prompt: str | None = None):
+                 lora_r: int = 16, lora_alpha: int = 32, adapter: str = "policy", system_prompt: str | None = None,
+                 generator: Any = None):
         self.backend = backend
+        self.generator = generator
         self.sampling = sampling or SamplingParams(max_new_tokens=48, temperature=1.0, logprobs=True)
         self.lora = LoRAAdapter(backend, adapter, r=lora_r, alpha=lora_alpha) if lora else None
         self._system_prompt = system_prompt
@@ -248,9 +272,15 @@ class LLMPolicy:
 
     def generate_ids(self, prompts: list[list[int]], params: SamplingParams) -> list[Generation]:
         """The policy's turns, with its own adapter active (other adapters may share the backend)."""
+        if self.generator is not None:
+            return self.generator.generate_ids(prompts, params)
         if self.lora is not None:
             self.lora.activate()
         return self.backend.generate_ids(prompts, params)
+
+    def sync_generator(self) -> dict[str, float]:
+        """Push the trained weights to the generator (after an update); its metrics ({} without one)."""
+        return self.generator.sync(self.backend.model) if self.generator is not None else {}
 
     def parameters(self) -> list[nn.Parameter]:
         """The trained weights (the adapter's with LoRA, else all of the model's)."""
@@ -263,7 +293,8 @@ class LLMPolicy:
         return self.backend.token_logprobs(sequences, masks, temperature=self.sampling.temperature)
 
     def reference_logprobs(self, sequences: list[list[int]], masks: list[list[int]]) -> torch.Tensor:
-        """Log-probs under the reference (LoRA: adapters off; full FT: the model as first loaded)."""
+        """Log-probs under the reference (LoRA: adapters off; full FT: the model as first loaded), under
+        ``no_grad`` in the backend's micro-batches (those of :meth:`score`)."""
         with torch.no_grad():
             if self.lora is not None:
                 with self.lora.disabled():
@@ -272,7 +303,8 @@ class LLMPolicy:
                 from simpop.agents.transformers_backend import TransformersBackend
 
                 self._reference = TransformersBackend(self.backend.path, dtype=self.backend.dtype,
-                                                      device=str(self.backend.device))
+                                                      device=str(self.backend.device),
+                                                      token_budget=self.backend.token_budget)
             return self._reference.token_logprobs(sequences, masks, self.sampling.temperature).logprobs
 
     def state_dict(self) -> dict[str, torch.Tensor]:

@@ -106,13 +106,13 @@ def default_cotrain(level: str) -> CoTrainConfig:
 
 
 def default_model(level: str) -> ModelConfig:
-    """The policy model at ``level`` (text: a LoRA adapter on the embedded model, bf16 weights where the CPU has
-    bf16 instructions; the adapter is named per seed)."""
+    """The policy model at ``level`` (text: a LoRA adapter on the embedded model, bf16 weights on a GPU or where
+    the CPU has bf16 matmul, resolved here so that the report names it; the adapter is named per seed)."""
     if level == "act":
         return ModelConfig()
-    from simpop.agents.transformers_backend import cpu_dtype
+    from simpop.agents.transformers_backend import resolve_dtype
 
-    return ModelConfig(lora=True, dtype=cpu_dtype())
+    return ModelConfig(lora=True, dtype=resolve_dtype("auto"))
 
 
 @dataclass(frozen=True)
@@ -311,9 +311,8 @@ def run_one(config: CollapseConfig, condition: str, seed: int, out: Path, resume
     """
     import torch
 
-    from simpop.envs.registration import make
-    from simpop.evaluation.panel import evaluate
     from simpop import checkpoint
+    from simpop.envs.registration import make
     from simpop.train.loop import LoopConfig, run
 
     run_dir = out / "runs" / condition / f"seed{seed}"
@@ -333,14 +332,10 @@ def run_one(config: CollapseConfig, condition: str, seed: int, out: Path, resume
         eval_seed = 1_000_003 + seed  # the same dialogues at every evaluation, for every condition
 
         def evaluation(step: int) -> dict[str, Any]:
-            held = evaluate(config.env_id, trainer.policy, panel, config.eval_episodes, eval_seed, config.env_kwargs())
-            train = evaluate(config.env_id, trainer.policy, trainer.training_simulator, config.eval_episodes,
-                             eval_seed, config.env_kwargs())
-            return {"heldout_success": held.success, "train_success": train.success,
-                    "collapse_gap": train.success - held.success, "policy_entropy": held.entropy,
-                    **{f"heldout/{k}": v for k, v in held.per_member.items()},
-                    # per dialogue, in a fixed order (the same scenarios and seeds at every evaluation)
-                    "heldout_outcomes": [int(r.success) for r in held.records],
+            record, held, train = evaluate_run(config.env_id, trainer, panel, config.eval_episodes, eval_seed,
+                                               config.env_kwargs())
+            # per dialogue, in a fixed order (the same scenarios and seeds at every evaluation)
+            return {**record, "heldout_outcomes": [int(r.success) for r in held.records],
                     "train_outcomes": [int(r.success) for r in train.records]}
 
         loop = LoopConfig(save_every=config.eval_every, keep_checkpoints=2, eval_every=config.eval_every,
@@ -352,9 +347,24 @@ def run_one(config: CollapseConfig, condition: str, seed: int, out: Path, resume
     return run_dir
 
 
+def evaluate_run(env_id: str, trainer: Any, panel: Any, episodes: int, seed: int,
+                 env_kwargs: dict[str, Any]) -> tuple[dict[str, Any], Any, Any]:
+    """One evaluation of a run: the policy on the held-out ``panel`` and on its own training simulator (the same
+    dialogues: ``seed``); the record's success, gap and entropy fields, and both results."""
+    from simpop.evaluation.panel import evaluate
+
+    held = evaluate(env_id, trainer.policy, panel, episodes, seed, env_kwargs)
+    train = evaluate(env_id, trainer.policy, trainer.training_simulator, episodes, seed, env_kwargs)
+    record = {"heldout_success": held.success, "train_success": train.success,
+              "collapse_gap": train.success - held.success, "policy_entropy": held.entropy,
+              **{f"heldout/{k}": v for k, v in held.per_member.items()}}
+    return record, held, train
+
+
 # ============================================================================================ summary
-def read_records(out: Path, config: CollapseConfig) -> list[dict[str, Any]]:
-    """Every run's metrics, tagged with condition and seed, in (condition, seed, line) order."""
+def read_records(out: Path, config: Any) -> list[dict[str, Any]]:
+    """Every run's metrics, tagged with condition and seed, in (condition, seed, line) order (``config``: any
+    experiment config with ``conditions`` and ``seed_list``)."""
     records = []
     for condition in config.conditions:
         for seed in config.seed_list:

@@ -8,6 +8,12 @@ the base model (adapters disabled). Records are kept per dialogue in start order
 :class:`~simpop.seat.Trainable` requires. ``snapshot()`` returns a frozen copy (a new adapter holding the
 current weights) for a :class:`~simpop.simulators.population.CheckpointPool`.
 
+With a generator (:meth:`TrainableLLMSimulator.use_generator`, a
+:class:`~simpop.agents.vllm_backend.VLLMGenerator`; the co-trainer gives one when the policy generates on vLLM)
+the simulator's replies are sampled on that server under its own versioned LoRA name (``sim0@v3``); scoring
+and training stay in torch, and :meth:`TrainableLLMSimulator.sync_generator` pushes the adapter after each
+update (and lazily after :meth:`~TrainableLLMSimulator.load_state_dict` or :meth:`~TrainableLLMSimulator.snapshot`).
+
 Spec strings: ``trainable:MODEL?temperature=1.0&lora_r=8`` (this class), ``trainable:KIND`` (a kind's own
 trainable form, e.g. ``trainable:persuadee``; :func:`from_spec` dispatches).
 """
@@ -16,7 +22,7 @@ from __future__ import annotations
 
 import copy
 import dataclasses
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -74,6 +80,10 @@ class TrainableLLMSimulator(LLMSimulator, Trainable):
         self.episodes: list[LLMEpisode] = []
         self._slot_episode: list[LLMEpisode] = []
         self._last: list[LLMTurn] = []
+        self.generator: Any = None
+        self.is_weights: Callable[[torch.Tensor, torch.Tensor, torch.Tensor], Any] | None = None
+        self.mismatch = {"abs_diff_sum": 0.0, "truncated": 0.0, "tokens": 0.0}
+        self._stale = False
 
     @classmethod
     def from_spec(cls, spec: SimulatorSpec, context: BuildContext) -> TrainableLLMSimulator:
@@ -100,6 +110,29 @@ class TrainableLLMSimulator(LLMSimulator, Trainable):
     def parameters(self) -> list[torch.nn.Parameter]:
         return self.lora.parameters()
 
+    def use_generator(self, generator: Any, is_weights: Callable[[torch.Tensor, torch.Tensor, torch.Tensor], Any]
+                      | None = None) -> None:
+        """Sample replies on ``generator`` (a :class:`~simpop.agents.vllm_backend.VLLMGenerator` of the same base
+        model; this simulator serves its adapter under its own name), synced before the next generation.
+
+        Args:
+            generator: A generator whose ``adapter`` is :attr:`adapter`; use ``generator.for_adapter(...)`` to
+                share one server.
+            is_weights: ``(torch_logp, gen_logp, mask) -> Mismatch`` (truncated importance sampling,
+                :func:`simpop.train.objectives.truncated_is_weights` with a cap); :meth:`score` then weights each
+                reply token's log-prob by it. None: no correction.
+        """
+        if generator.adapter != self.adapter:
+            raise ValueError(f"the generator serves adapter {generator.adapter!r}, this simulator is {self.adapter!r}")
+        self.generator, self.is_weights, self._stale = generator, is_weights, True
+
+    def sync_generator(self) -> dict[str, float]:
+        """Push this adapter's weights to the generator (after an update); its metrics ({} without one)."""
+        if self.generator is None:
+            return {}
+        self._stale = False
+        return self.generator.sync(self.backend.model)
+
     def reset_batch(self, scenarios: list[Any], rngs: list[np.random.Generator]) -> None:
         super().reset_batch(scenarios, rngs)
         self._slot_episode = [LLMEpisode() for _ in scenarios]
@@ -109,8 +142,14 @@ class TrainableLLMSimulator(LLMSimulator, Trainable):
     def raw_generate(self, chats: list[Chat], params: SamplingParams) -> list[str]:
         """Generate with this simulator's adapter, keeping ids and log-probs of every reply."""
         self.stats["backend_calls"] += 1
-        self.lora.activate()
-        generations = self.backend.generate(chats, dataclasses.replace(params, logprobs=True))
+        params = dataclasses.replace(params, logprobs=True)
+        if self.generator is None:
+            self.lora.activate()
+            generations = self.backend.generate(chats, params)
+        else:
+            if self._stale:
+                self.sync_generator()
+            generations = self.generator.generate_ids([self.backend.encode_chat(c) for c in chats], params)
         self._last = [LLMTurn(g.prompt_ids, g.token_ids, list(g.logprobs or [])) for g in generations]
         return [g.text for g in generations]
 
@@ -122,7 +161,16 @@ class TrainableLLMSimulator(LLMSimulator, Trainable):
         return replies
 
     def score(self, episodes: Sequence[LLMEpisode]) -> Scores:
-        """Summed token log-probs of each dialogue's replies (this adapter) and the k3 KL to the base model."""
+        """Summed token log-probs of each dialogue's replies (this adapter) and the k3 KL to the base model.
+
+        Replies sampled on a generator, with ``is_weights`` set (:meth:`use_generator`): each token's log-prob is
+        weighted by its truncated importance weight ``min(pi_torch / pi_gen, cap)`` (detached), so the
+        score-function gradient is that of the torch model although vLLM sampled; the mismatch accumulates in
+        :attr:`mismatch`.
+
+        Every turn is one scored row (its prompt + reply); call ``backward`` on what is built from the result
+        before another adapter is activated (above the backend's token budget, backward recomputes the layers).
+        """
         logprob = torch.zeros(len(episodes))
         kl = torch.zeros(len(episodes))
         rows = [(i, turn) for i, e in enumerate(episodes) for turn in e.turns]
@@ -131,22 +179,45 @@ class TrainableLLMSimulator(LLMSimulator, Trainable):
         sequences = [t.prompt_ids + t.token_ids for _, t in rows]
         masks = [[0] * len(t.prompt_ids) + [1] * len(t.token_ids) for _, t in rows]
         temperature = self.params.temperature
+        # Both passes run in the backend's micro-batches (the same split): the reference first, under no_grad,
+        # so that no graph is alive meanwhile; then the scored pass (above the backend's token budget it keeps
+        # only each layer's input, and backward recomputes the rest).
         self.lora.activate()
-        scores = self.backend.token_logprobs(sequences, masks, temperature=temperature)
         with torch.no_grad(), self.lora.disabled():
             reference = self.backend.token_logprobs(sequences, masks, temperature=temperature).logprobs
+        scores = self.backend.token_logprobs(sequences, masks, temperature=temperature)
         delta = (reference - scores.logprobs) * scores.mask
         per_token_kl = (torch.exp(delta) - delta - 1) * scores.mask  # k3 estimator: unbiased, >= 0
         index = torch.as_tensor([i for i, _ in rows])
-        logprob = logprob.index_add(0, index, (scores.logprobs * scores.mask).sum(1))
+        weight = scores.mask
+        if self.generator is not None and self.is_weights is not None:
+            weight = self._importance_weights([t for _, t in rows], scores.logprobs, scores.mask)
+        logprob = logprob.index_add(0, index, (scores.logprobs * weight).sum(1))
         kl = kl.index_add(0, index, per_token_kl.sum(1))
         return Scores(logprob, kl)
+
+    def _importance_weights(self, turns: list[LLMTurn], logprobs: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
+        """Per-token TIS weights (0 off the replies) of ``turns`` scored as ``logprobs`` (position-aligned rows)."""
+        assert self.is_weights is not None
+        gen = torch.zeros_like(logprobs)
+        for row, turn in enumerate(turns):
+            if len(turn.logprobs) != len(turn.token_ids):
+                raise ValueError(f"{self.name}: a reply of {len(turn.token_ids)} tokens came with "
+                                 f"{len(turn.logprobs)} generator log-probs")
+            start = len(turn.prompt_ids)
+            gen[row, start:start + len(turn.token_ids)] = torch.as_tensor(turn.logprobs, dtype=gen.dtype)
+        mismatch = self.is_weights(logprobs.detach(), gen, mask)
+        self.mismatch["abs_diff_sum"] += mismatch.abs_diff_sum
+        self.mismatch["truncated"] += mismatch.truncated
+        self.mismatch["tokens"] += float(mask.sum())
+        return mismatch.weight
 
     def state_dict(self) -> dict[str, Any]:
         return self.lora.state_dict()
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
         self.lora.load_state_dict(state)
+        self._stale = self.generator is not None
 
     def snapshot(self) -> TrainableLLMSimulator:
         """A frozen copy: a new adapter ``<adapter>_s<n>`` on the same base holding the current weights."""
@@ -156,6 +227,9 @@ class TrainableLLMSimulator(LLMSimulator, Trainable):
         clone.episodes, clone._slot_episode, clone._last = [], [], []
         clone._scenarios, clone._rngs = [], []
         clone.frozen = True
+        clone.mismatch = dict.fromkeys(self.mismatch, 0.0)
+        if self.generator is not None:  # the copy serves its own adapter on the same server
+            clone.generator, clone._stale = self.generator.for_adapter(clone.adapter), True
         return clone
 
 

@@ -10,6 +10,7 @@
     simpop train grpo ... --out runs/grpo --resume          # continue a killed run to --updates
     simpop train grpo ... --panel panel.yaml --eval-every 10   # held-out panel success in metrics.jsonl
     simpop train grpo --env simpop/PersuasionAct-v0 ... --panel p4g-act-v1   # a shipped named panel
+    simpop train grpo --env simpop/PersuasionAct-v0 ... --ray --ray-workers 2   # rollouts in Ray workers
     simpop train cotrain --env simpop/PersuasionAct-v0 --simulator trainable:persuadee --updates 50 --out runs/co
     simpop train cotrain --env simpop/PersuasionAct-v0 --updates 50 --out runs/population \\
         --population-size 3 --pool-size 6 --pool-sample-prob 0.25 --snapshot-every 5
@@ -72,7 +73,8 @@ _MODEL, _LOOP = "simpop.agents.policy:ModelConfig", "simpop.train.loop:LoopConfi
 #: trainer name -> entry. A new trainer (or variant with its own config) adds one entry here.
 TRAINERS: dict[str, TrainerEntry] = {
     "grpo": TrainerEntry("multi-turn GRPO (or Dr. GRPO, DAPO, REINFORCE++: --algorithm) on the policy seat",
-                         {"grpo": "simpop.train.grpo:GRPOConfig", "model": _MODEL, "loop": _LOOP},
+                         {"grpo": "simpop.train.grpo:GRPOConfig", "model": _MODEL, "loop": _LOOP,
+                          "rollout": "simpop.rollout_ray:RayConfig"},
                          "simpop.train.cli:build_grpo", summary=("reward_mean", "success", "policy_entropy",
                                                                  "zero_var_frac", "kl", "loss")),
     "cotrain": TrainerEntry("co-training of the policy with trainable simulators (trainable:KIND or trainable:MODEL)",
@@ -144,10 +146,12 @@ def run(args: argparse.Namespace) -> int:
         panel = resolve_panel(args.panel, args.env) if args.panel else ""
         trainer = _load(entry.build)(args.env, env, spec, configs, kwargs)
         evaluate = panel_evaluation(args, env, trainer, kwargs, panel) if panel else None
+        trainer, probe, grow = monitor_hooks(args, env, trainer, kwargs, configs["loop"], panel)
         try:
             prepare_run_dir(args.out, args.resume, configs, {"trainer": args.trainer, "env": args.env,
                                                              "simulator": spec, "env_kwargs": kwargs, "panel": panel,
-                                                             "eval_episodes": args.eval_episodes})
+                                                             "eval_episodes": args.eval_episodes,
+                                                             **_model_dtype(trainer)})
         except OSError as error:
             raise ValueError(f"--out {args.out}: cannot write the run folder ({error})") from None
     except (ValueError, KeyError, TypeError, OSError) as error:
@@ -157,7 +161,7 @@ def run(args: argparse.Namespace) -> int:
     from simpop.train.loop import run as run_loop
 
     history = run_loop(trainer, args.updates, args.out, config=configs["loop"], resume=args.resume,
-                       evaluate=evaluate, progress=not args.no_progress, desc=args.trainer)
+                       evaluate=evaluate, progress=not args.no_progress, desc=args.trainer, probe=probe, grow=grow)
     if not history:
         print(f"{args.out}: already at update {trainer.update_count} of {args.updates}; nothing to do")
     else:
@@ -205,7 +209,17 @@ def build_grpo(env_id: str, env: Any, spec: Any, configs: dict[str, Any], kwargs
 
     grpo = configs["grpo"]
     policy = build_policy(env, configs["model"], grpo.sampling(), grpo.seed)
-    return GRPOTrainer(env_id, policy, build_simulator(spec, env), grpo, env_kwargs=kwargs)
+    trainer = GRPOTrainer(env_id, policy, build_simulator(spec, env), grpo, env_kwargs=kwargs)
+    if configs["rollout"].ray:  # the waves run in Ray workers that build their own envs and simulator from spec
+        from simpop.rollout_ray import RayRolloutEngine, import_ray
+
+        try:
+            import_ray()
+        except ImportError as error:
+            raise ValueError(f"--ray: {error}") from None
+        trainer.engine = RayRolloutEngine(env_id, policy, trainer.simulator, grpo.n_envs, kwargs,
+                                          config=configs["rollout"], simulator_spec=spec)
+    return trainer
 
 
 def build_cotrain(env_id: str, env: Any, spec: Any, configs: dict[str, Any], kwargs: dict[str, Any]):
@@ -274,6 +288,51 @@ def panel_evaluation(args: argparse.Namespace, env: Any, trainer: Any, kwargs: d
                 **{f"heldout/{k}": v for k, v in held.per_member.items()}}
 
     return evaluation
+
+
+def load_any_panel(ref: str, env: Any, env_id: str):
+    """A named panel or a panel YAML file."""
+    from simpop.evaluation.panels import load_named_panel, named_panels
+    from simpop.simulators.registry import load_panel
+
+    return load_named_panel(ref, env, env_id=env_id) if ref in named_panels() else load_panel(ref, env)
+
+
+def monitor_hooks(args: argparse.Namespace, env: Any, trainer: Any, kwargs: dict[str, Any], loop: Any,
+                  panel_ref: str) -> tuple[Any, Any, Any]:
+    """``(trainer, probe, grow)`` for the collapse monitor (:mod:`simpop.train.monitor`) from the ``--monitor``,
+    ``--probe-*`` and ``--on-collapse`` flags. With ``add-simulators`` the trainer's simulator becomes a
+    population and the trainer an :class:`~simpop.train.pool.AdaptivePoolTrainer` (member contributions recorded
+    every update, the grown pool checkpointed, so ``--resume`` rebuilds it)."""
+    if not loop.monitor:
+        return trainer, None, None
+    if not loop.probe_panel:
+        raise ValueError("--monitor needs --probe-panel (a named panel or panel YAML, not the --panel)")
+    probe_ref = resolve_panel(loop.probe_panel, args.env)
+    if probe_ref == panel_ref:
+        raise ValueError("--probe-panel must differ from --panel: acting on the held-out panel leaks the test")
+    from simpop.evaluation.panel import evaluate
+
+    probe_panel = load_any_panel(probe_ref, env, args.env)
+
+    def probe(step: int) -> dict[str, float]:
+        return evaluate(args.env, trainer.policy, probe_panel, loop.probe_episodes, seed=2_000_003,
+                        env_kwargs=kwargs).per_member
+
+    if loop.on_collapse != "add-simulators":
+        return trainer, probe, None
+    from simpop.simulators.population import Population
+    from simpop.train.pool import AdaptivePoolTrainer, PoolGrower
+
+    if not isinstance(trainer.training_simulator, Population):
+        if not callable(getattr(trainer, "use_simulator", None)):
+            raise ValueError(f"--on-collapse add-simulators needs a trainer whose simulator can become a pool "
+                             f"(grpo); {args.trainer} has none")
+        trainer.use_simulator(Population([trainer.training_simulator], name="pool"))
+    heldout = load_any_panel(panel_ref, env, args.env) if panel_ref else None
+    grower = PoolGrower(args.env, env, trainer, probe_panel, heldout, env_kwargs=kwargs)
+    pooled = AdaptivePoolTrainer(trainer, grower, grow_every=None, env=env)  # the loop grows it on a warning
+    return pooled, probe, lambda step, record: {k: v for k, v in grower(step, record).items() if k != "weights"}
 
 
 # ------------------------------------------------------------------------------------------ helpers
@@ -361,6 +420,12 @@ def _yaml_sections(path: Path, classes: dict[str, type]) -> dict[str, dict[str, 
     return out
 
 
+def _model_dtype(trainer: Any) -> dict[str, str]:
+    """``{"model_dtype": ...}``: a text policy's weights dtype as resolved (``--dtype auto``); {} otherwise."""
+    dtype = getattr(getattr(trainer.policy, "backend", None), "dtype", None)
+    return {"model_dtype": dtype} if dtype else {}
+
+
 def prepare_run_dir(out: Path, resume: bool, configs: dict[str, Any], run_info: dict[str, Any]) -> None:
     """Check that ``out`` fits a new or resumed run, then write ``config.yaml`` and ``run.json``."""
     import yaml
@@ -373,9 +438,11 @@ def prepare_run_dir(out: Path, resume: bool, configs: dict[str, Any], run_info: 
     if resume:
         if config_path.exists():
             saved = yaml.safe_load(config_path.read_text()) or {}
-            changed = [f"{section}.{k}: {saved.get(section, {}).get(k)!r} -> {v!r}"
+            # A field (or section) that a run from before it existed did not record had its default.
+            defaults = {section: to_dict(type(config)()) for section, config in configs.items()}
+            changed = [f"{section}.{k}: {saved.get(section, {}).get(k, defaults[section][k])!r} -> {v!r}"
                        for section, values in resolved.items() for k, v in values.items()
-                       if saved.get(section, {}).get(k) != v]
+                       if saved.get(section, {}).get(k, defaults[section][k]) != v]
             if changed:
                 raise ValueError(f"--resume with different settings than the run in {out}: " + ", ".join(changed)
                                  + f"; pass the same flags (or --config {config_path}), or use a new --out")
@@ -385,8 +452,9 @@ def prepare_run_dir(out: Path, resume: bool, configs: dict[str, Any], run_info: 
             # run stored --panel as typed (relative to where it was started, taken to be here).
             if saved_info.get("panel") and "eval_episodes" not in saved_info:
                 saved_info["panel"] = str(Path(saved_info["panel"]).expanduser().resolve())
-            if {k: v for k, v in run_info.items() if k in saved_info} != {k: saved_info[k] for k in run_info
-                                                                              if k in saved_info}:
+            # model_dtype is what --dtype auto resolved to on the machine: a resume may run elsewhere.
+            compared = [k for k in run_info if k in saved_info and k != "model_dtype"]
+            if {k: run_info[k] for k in compared} != {k: saved_info[k] for k in compared}:
                 raise ValueError(f"--resume with a different env/simulator/panel than the run in {out}: "
                                  f"{saved_info} vs {run_info}; use the same flags or a new --out")
     elif checkpoint.latest(out) is not None or (out / "metrics.jsonl").exists():

@@ -39,6 +39,31 @@ when ``p̄ < τ``; at ``p̄ = τ`` the outcome term vanishes and only the KL anc
 ``-(s_i - τ)²`` would not work: it equals 1/4 for every binary outcome.) Using ``p̄`` as the
 baseline and as ``p_k`` makes the estimate slightly biased for small N (``p̄`` contains ``s_i``);
 the bias is ``O(1/N)``.
+
+**Objectives** (:attr:`CoTrainConfig.objective`, flag ``--cotrain.objective``; :data:`OBJECTIVES`):
+
+- ``target`` — the objective above (replies steered to batch success τ, KL anchor to the base).
+- ``persona`` — the same outcome term, but the simulator learns the distribution of *personas* it plays
+  (:class:`PersonaTrainable`: ``log π_φ(i)`` is the log-probability of dialogue ``i``'s persona under the
+  trainable persona sampler, the KL that of the sampler to its base); its reply model stays fixed.
+- ``realism`` — ``target`` plus a realism anchor ``λ · NLL_ref(θ)``: the negative log-likelihood of
+  reference persuadee replies given the reference persuader acts (:class:`RealismAnchored`, data from
+  :attr:`CoTrainConfig.reference_data`), besides the KL (``sim_kl_coef = 0`` makes it *instead of*).
+- ``adversarial`` — the simulator lowers the policy's success, ``A_i = -(s_i - p̄)`` (the score-function
+  gradient of ``-p_k``), subject to the realism anchor (``realism_coef > 0`` required).
+- ``diverse`` — ``target`` for a population (K >= 2) plus ``-γ · mean_{j≠k} D(π_k || π_j)``: each member is
+  pushed away from the others' reply distributions on the states it visited (:class:`Divergent`).
+
+**Generation on vLLM.** When the policy generates on a vLLM server (``ModelConfig.generator``) and
+:attr:`CoTrainConfig.sim_generator` is on, every LLM simulator (one with ``use_generator``, e.g.
+:class:`~simpop.simulators.trainable.TrainableLLMSimulator`) samples its replies on the same server: K
+simulators are K LoRA adapters next to the policy's on one base (``VLLMGenerator.for_adapter``). After a
+simulator's optimiser steps its adapter is synced (``sim0@v<N+1>`` loaded, ``sim0@v<N>`` unloaded);
+frozen pool snapshots load theirs once. The simulator objective is a score-function (REINFORCE) estimate
+at the current weights, so replies sampled by ``pi_gen`` (vLLM) instead of ``pi_θ`` (torch) get the policy's
+correction: each reply token's log-prob is weighted by ``min(pi_θ / pi_gen, tis_cap)`` (the policy's
+``GRPOConfig.tis_cap``; :func:`~simpop.train.objectives.truncated_is_weights`). Logged: ``sim_sync_s``,
+``sim_generator_version``, ``sim_gen_logp_abs_diff``, ``sim_tis_truncated_frac``.
 """
 
 from __future__ import annotations
@@ -47,7 +72,8 @@ import dataclasses
 import math
 from collections.abc import Sequence
 from dataclasses import dataclass
-from typing import Any
+from pathlib import Path
+from typing import Any, Literal, Protocol, get_args, runtime_checkable
 
 import numpy as np
 import torch
@@ -56,6 +82,45 @@ from simpop.agents.policy import ActPolicy, LLMPolicy
 from simpop.seat import Simulator, Trainable
 from simpop.simulators.population import CheckpointPool, Population
 from simpop.train.grpo import Batch, GRPOTrainer
+from simpop.train.objectives import truncated_is_weights
+
+
+#: Simulator objectives of co-training (module docstring).
+Objective = Literal["target", "persona", "realism", "adversarial", "diverse"]
+OBJECTIVES: tuple[str, ...] = get_args(Objective)
+
+
+@runtime_checkable
+class PersonaTrainable(Protocol):
+    """A trainable simulator that can learn the distribution of personas it plays (objective ``persona``)."""
+
+    def use_persona_sampler(self) -> None:
+        """From now on, draw each dialogue's persona from the trainable persona sampler."""
+
+    def persona_parameters(self) -> list[torch.nn.Parameter]:
+        """The persona sampler's parameters."""
+
+    def persona_score(self, episodes: Sequence[Any]) -> Any:
+        """Per episode: log-probability of its persona (with gradient) and the sampler's KL to its base."""
+
+
+@runtime_checkable
+class RealismAnchored(Protocol):
+    """A trainable simulator whose replies can be scored on reference (human) dialogues."""
+
+    def load_reference(self, path: str) -> int:
+        """Read the reference dialogues at ``path``; returns how many can be scored."""
+
+    def reference_nll(self) -> torch.Tensor:
+        """Mean (over reference dialogues) summed negative log-likelihood of the reference replies."""
+
+
+@runtime_checkable
+class Divergent(Protocol):
+    """A trainable simulator that can measure how far its reply distribution is from another's."""
+
+    def divergence(self, other: Any, episodes: Sequence[Any]) -> torch.Tensor:
+        """Mean over ``episodes`` of the summed per-turn ``KL(self || other)`` (gradient through self only)."""
 
 
 @dataclass(frozen=True)
@@ -75,6 +140,15 @@ class CoTrainConfig:
             trainable simulators; must be 0 without a pool and < 1 with one.
         pool_recency: Sampling weight decay per step of snapshot age inside the pool, in (0, 1].
         snapshot_every: Updates between snapshots of the trainable simulators into the pool.
+        objective: The simulators' objective, one of :data:`OBJECTIVES` (module docstring).
+        realism_coef: Weight λ of the realism anchor (objectives ``realism`` and ``adversarial``); > 0 there.
+        reference_data: Where the realism anchor's reference dialogues are (benchmark-specific; the P4G
+            persuadee reads a corpus directory, :func:`~simpop.envs.persuasion.corpus.load_corpus`).
+        diversity_coef: Weight γ of the diversity term (objective ``diverse``); > 0 there.
+        sim_generator: When the policy generates on vLLM (``ModelConfig.generator``), the LLM simulators do too:
+            each serves its LoRA adapter on the policy's server under its own versioned name (``sim0@v3``),
+            synced after each of its updates (module docstring, "Generation on vLLM"). They must share the
+            policy's base model. False: they generate in torch.
     """
 
     target_success: float = 0.5
@@ -87,6 +161,11 @@ class CoTrainConfig:
     pool_sample_prob: float = 0.0
     pool_recency: float = 0.7
     snapshot_every: int = 5
+    objective: Objective = "target"
+    realism_coef: float = 0.0
+    reference_data: str | None = None
+    diversity_coef: float = 0.0
+    sim_generator: bool = True
 
     def __post_init__(self) -> None:
         def need(ok: bool, message: str) -> None:
@@ -109,6 +188,19 @@ class CoTrainConfig:
              "a pool is only sampled with pool_sample_prob > 0: set it (e.g. 0.25) or pool_size=0")
         need(0 < self.pool_recency <= 1, f"pool_recency must be in (0, 1], got {self.pool_recency}")
         need(self.snapshot_every >= 1, f"snapshot_every must be >= 1, got {self.snapshot_every}")
+        need(self.objective in OBJECTIVES, f"objective must be one of {', '.join(OBJECTIVES)}, got {self.objective!r}")
+        need(math.isfinite(self.realism_coef) and self.realism_coef >= 0,
+             f"realism_coef must be >= 0, got {self.realism_coef}")
+        need(math.isfinite(self.diversity_coef) and self.diversity_coef >= 0,
+             f"diversity_coef must be >= 0, got {self.diversity_coef}")
+        realism = self.objective in ("realism", "adversarial")
+        need(not realism or (self.realism_coef > 0 and self.reference_data),
+             f"objective {self.objective!r} needs a realism anchor: realism_coef > 0 and reference_data (the "
+             f"reference dialogues, e.g. a P4G corpus directory)")
+        need(realism or self.realism_coef == 0,
+             f"realism_coef only acts with objective realism or adversarial, not {self.objective!r}")
+        need((self.objective == "diverse") == (self.diversity_coef > 0),
+             "objective 'diverse' needs diversity_coef > 0, and diversity_coef acts only with it")
 
 
 def simulator_objective(successes: Sequence[float], target: float = 0.5) -> float:
@@ -116,13 +208,23 @@ def simulator_objective(successes: Sequence[float], target: float = 0.5) -> floa
     return -(float(np.mean(successes)) - target) ** 2
 
 
-def simulator_advantages(successes: Sequence[float], target: float = 0.5) -> np.ndarray:
-    """Per-dialogue advantages ``2 (target - p̄)(s_i - p̄)`` of the simulator (module docstring)."""
+def simulator_advantages(successes: Sequence[float], target: float = 0.5, objective: str = "target") -> np.ndarray:
+    """Per-dialogue advantages of the simulator: ``2 (target - p̄)(s_i - p̄)``, or ``-(s_i - p̄)`` when
+    ``objective`` is ``adversarial`` (module docstring)."""
     s = np.asarray(successes, dtype=float)
     if s.ndim != 1 or s.size == 0:
         raise ValueError(f"successes must be a non-empty 1-D sequence, got shape {s.shape}")
     mean = s.mean()
+    if objective == "adversarial":
+        return -(s - mean)
     return 2.0 * (target - mean) * (s - mean)
+
+
+def _require(simulators: Sequence[Any], protocol: type, objective: str) -> None:
+    missing = [s.name for s in simulators if not isinstance(s, protocol)]
+    if missing:
+        raise TypeError(f"objective {objective!r} needs simulators that are {protocol.__name__}; "
+                        f"{', '.join(missing)} are not")
 
 
 def training_population(simulators: Sequence[Trainable], config: CoTrainConfig,
@@ -168,6 +270,7 @@ class CoTrainer:
         pool: The checkpoint pool, or None.
         policy_trainer: The policy's trainer.
         update_count: Co-training updates completed.
+        reference_sizes: Reference dialogues each simulator scores (objectives realism and adversarial), else [].
     """
 
     def __init__(self, policy_trainer: GRPOTrainer, simulators: Sequence[Trainable], config: CoTrainConfig):
@@ -177,14 +280,63 @@ class CoTrainer:
             raise ValueError("a frozen snapshot cannot be co-trained; pass the trainable simulators")
         self.config = config
         self.simulators = list(simulators)
+        if config.sim_generator:
+            self._generate_on_policy_server(policy_trainer)
+        self.reference_sizes = self._prepare_objective()  # before the pool copies the simulators
         # The pool starts with each simulator as it is now (the base simulator), so it is never empty.
         self._snapshots = ([(i, 0, s.state_dict()) for i, s in enumerate(self.simulators)]
                            if config.pool_size else [])
         self.simulator, self.pool = training_population(self.simulators, config, self._snapshots)
         self.policy_trainer = policy_trainer
         policy_trainer.use_simulator(self.simulator)
-        self.optimizers = [torch.optim.Adam(s.parameters(), lr=config.sim_lr) for s in self.simulators]
+        self.optimizers = [torch.optim.Adam(self._trained(s), lr=config.sim_lr) for s in self.simulators]
         self.update_count = 0
+
+    def _prepare_objective(self) -> list[int]:
+        """Check the simulators support the objective and set them up for it; reference dialogues per simulator."""
+        objective = self.config.objective
+        if objective == "persona":
+            _require(self.simulators, PersonaTrainable, objective)
+            for sim in self.simulators:
+                sim.use_persona_sampler()  # type: ignore[attr-defined]
+        if objective == "diverse":
+            _require(self.simulators, Divergent, objective)
+            if len(self.simulators) < 2:
+                raise ValueError("objective 'diverse' pushes population members apart: it needs population_size >= 2")
+        if objective not in ("realism", "adversarial"):
+            return []
+        _require(self.simulators, RealismAnchored, objective)
+        path = self.config.reference_data
+        sizes = [sim.load_reference(path) for sim in self.simulators]  # type: ignore[attr-defined]
+        if min(sizes) == 0:
+            raise ValueError(f"{self.config.reference_data!r} holds no reference dialogue the simulators can score")
+        return sizes
+
+    def _generate_on_policy_server(self, policy_trainer: GRPOTrainer) -> None:
+        """Give every LLM simulator its adapter on the policy's vLLM server (nothing if the policy has none)."""
+        generator = getattr(policy_trainer.policy, "generator", None)
+        if generator is None:
+            return
+        if generator.adapter is None:
+            raise ValueError("the policy fine-tunes the vLLM server's base weights, so simulators' adapters cannot "
+                             "share it: train the policy with --lora, or set CoTrainConfig.sim_generator=False "
+                             "(--no-sim-generator) to generate the simulators in torch")
+        base = Path(policy_trainer.policy.backend.path).resolve()  # type: ignore[union-attr]
+        cap = policy_trainer.config.tis_cap
+        weigh = (lambda logp, gen, mask: truncated_is_weights(logp, gen, mask, cap)) if cap > 0 else None
+        for sim in self.simulators:
+            if not callable(getattr(sim, "use_generator", None)):
+                continue  # not an LLM simulator (e.g. an act-level one): nothing to generate there
+            own = Path(sim.backend.path).resolve()  # type: ignore[attr-defined]
+            if own != base:
+                raise ValueError(f"simulator {sim.name!r} is on {own}, the policy's vLLM server on {base}: give "
+                                 f"them one base model, or set CoTrainConfig.sim_generator=False "
+                                 f"(--no-sim-generator) to generate the simulators in torch")
+            sim.use_generator(generator.for_adapter(sim.adapter), weigh)  # type: ignore[attr-defined]
+
+    def _trained(self, sim: Trainable) -> list[torch.nn.Parameter]:
+        """The parameters the objective trains: the persona sampler's (``persona``) or the simulator's."""
+        return sim.persona_parameters() if self.config.objective == "persona" else sim.parameters()  # type: ignore
 
     @property
     def policy(self) -> ActPolicy | LLMPolicy:
@@ -215,8 +367,10 @@ class CoTrainer:
         """Update every trainable simulator on the dialogues it drove in ``batch``; averaged metrics."""
         c = self.config
         logs: dict[str, list[float]] = {"sim_loss": [], "sim_kl": [], "sim_success": [], "sim_objective": [],
-                                        "sim_grad_norm": []}
-        for sim, optimizer in zip(self.simulators, self.optimizers):
+                                        "sim_grad_norm": [], "sim_realism_nll": [], "sim_divergence": [],
+                                        "sim_sync_s": [], "sim_generator_version": [], "sim_gen_logp_abs_diff": [],
+                                        "sim_tis_truncated_frac": []}
+        for index, (sim, optimizer) in enumerate(zip(self.simulators, self.optimizers)):
             mine = [t for t in batch.trajectories if t.simulator == sim.name]
             drove = [t for t in (batch.collected if batch.collected is not None else batch.trajectories)
                      if t.simulator == sim.name]
@@ -233,15 +387,28 @@ class CoTrainer:
             if not mine:
                 continue
             successes = [float(t.success) for t in mine]
-            advantages = torch.as_tensor(simulator_advantages(successes, c.target_success))
+            advantages = torch.as_tensor(simulator_advantages(successes, c.target_success, c.objective))
+            others = [o for j, o in enumerate(self.simulators) if j != index]
+            mismatch = getattr(sim, "mismatch", None)
+            if mismatch is not None:
+                mismatch.update(dict.fromkeys(mismatch, 0.0))
             for _ in range(c.sim_epochs):
-                scores = sim.score(episodes)
+                scores = (sim.persona_score(episodes) if c.objective == "persona"  # type: ignore[attr-defined]
+                          else sim.score(episodes))
                 policy_gradient = -(advantages.to(scores.logprob.dtype) * scores.logprob).mean()
                 kl = scores.kl.mean()
                 loss = policy_gradient + c.sim_kl_coef * kl
+                if c.realism_coef > 0:
+                    realism = sim.reference_nll()  # type: ignore[attr-defined]
+                    loss = loss + c.realism_coef * realism
+                    logs["sim_realism_nll"].append(float(realism.detach()))
+                if c.diversity_coef > 0:
+                    divergence = torch.stack([sim.divergence(o, episodes) for o in others]).mean()  # type: ignore
+                    loss = loss - c.diversity_coef * divergence
+                    logs["sim_divergence"].append(float(divergence.detach()))
                 optimizer.zero_grad(set_to_none=True)
                 loss.backward()
-                params = [p for p in sim.parameters() if p.grad is not None]
+                params = [p for p in self._trained(sim) if p.grad is not None]
                 norm = torch.linalg.vector_norm(torch.stack([p.grad.detach().norm() for p in params])) if params \
                     else torch.zeros(())
                 if c.sim_max_grad_norm > 0 and params:
@@ -251,8 +418,16 @@ class CoTrainer:
             logs["sim_loss"].append(float(loss.detach()))
             logs["sim_kl"].append(float(kl.detach()))
             logs["sim_success"].append(float(np.mean(successes)))
-            logs["sim_objective"].append(simulator_objective(successes, c.target_success))
+            logs["sim_objective"].append(-float(np.mean(successes)) if c.objective == "adversarial"
+                                         else simulator_objective(successes, c.target_success))
             logs["sim_grad_norm"].append(float(norm))
+            sync = sim.sync_generator() if callable(getattr(sim, "sync_generator", None)) else {}  # type: ignore
+            if sync:
+                logs["sim_sync_s"].append(sync["sync_s"])
+                logs["sim_generator_version"].append(sync["generator_version"])
+            if mismatch is not None and mismatch["tokens"] > 0:
+                logs["sim_gen_logp_abs_diff"].append(mismatch["abs_diff_sum"] / mismatch["tokens"])
+                logs["sim_tis_truncated_frac"].append(mismatch["truncated"] / mismatch["tokens"])
         return {key: float(np.mean(values)) for key, values in logs.items() if values}
 
     # ----------------------------------------------------------------- checkpoints
@@ -260,7 +435,11 @@ class CoTrainer:
         assert self.pool is not None
         frozen = self.simulators[index].snapshot()  # type: ignore[attr-defined]
         frozen.load_state_dict(state)
+        before = self.pool.members
         self.pool.add_snapshot(frozen, step)
+        for evicted in (m for m in before if all(m is not kept for kept in self.pool.members)):
+            if getattr(evicted, "generator", None) is not None:  # its adapter leaves the vLLM server too
+                evicted.generator.release()  # type: ignore[attr-defined]
         self._snapshots = (self._snapshots + [(index, step, state)])[-self.config.pool_size:]
 
     def state_dict(self) -> dict[str, Any]:
