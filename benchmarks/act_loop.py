@@ -9,10 +9,10 @@ training success, policy loss and simulator loss: equal digests mean the two tre
 Last, it times one wave of persuadee replies in this checkout, per dialogue vs batched (the part this change
 vectorised; the rest of an update is mostly the env's per-step Python).
 
-Make a read-only copy of HEAD first, then run from the checkout::
+The baseline is a git revision (checked out into a temporary worktree; default: the commit before the
+vectorisation) or a simpop tree::
 
-    git worktree add /tmp/wt15 HEAD
-    nice -n 19 .venv/bin/python benchmarks/act_loop.py --baseline /tmp/wt15
+    nice -n 19 .venv/bin/python benchmarks/act_loop.py [--baseline REV_OR_TREE]
 """
 
 from __future__ import annotations
@@ -26,7 +26,8 @@ import sys
 import time
 from pathlib import Path
 
-CHECKOUT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+from baseline import BEFORE, CHECKOUT, tree  # noqa: E402  (benchmarks/baseline.py)
 
 
 def child(condition: str, updates: int, seed: int) -> dict:
@@ -96,7 +97,7 @@ def measure(tree: Path, condition: str, updates: int, seed: int) -> dict:
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--baseline", type=Path, default=Path("/tmp/wt15"), help="the tree to compare against")
+    parser.add_argument("--baseline", default=BEFORE, help="the revision or tree to compare against")
     parser.add_argument("--conditions", nargs="+", default=["frozen", "cotrain", "population"])
     parser.add_argument("--updates", type=int, default=20)
     parser.add_argument("--repeats", type=int, default=2)
@@ -107,16 +108,20 @@ def main() -> None:
     if args.child:
         print(json.dumps(child(args.condition, args.updates, args.seed)))
         return
-    if not (args.baseline / "src" / "simpop").is_dir():
-        raise SystemExit(f"{args.baseline} is not a simpop tree: git worktree add {args.baseline} HEAD")
+    with tree(args.baseline) as baseline:
+        compare(args, baseline)
+
+
+def compare(args: argparse.Namespace, baseline: Path) -> None:
+    """The table: each condition's best rate in the baseline tree and in this checkout."""
     print(f"act-level updates/s, {args.updates} updates after one warm-up, best of {args.repeats} "
-          f"(baseline {args.baseline} vs checkout {CHECKOUT})")
+          f"(baseline {args.baseline} at {baseline} vs checkout {CHECKOUT})")
     print(f"{'condition':<12} {'baseline':>9} {'checkout':>9} {'ratio':>6}  same trajectories")
     for condition in args.conditions:
         runs: dict[str, list[dict]] = {"baseline": [], "checkout": []}
         for _ in range(args.repeats):
-            for name, tree in (("baseline", args.baseline), ("checkout", CHECKOUT)):
-                runs[name].append(measure(tree, condition, args.updates, args.seed))
+            for name, folder in (("baseline", baseline), ("checkout", CHECKOUT)):
+                runs[name].append(measure(folder, condition, args.updates, args.seed))
         old = max(r["updates_per_s"] for r in runs["baseline"])
         new = max(r["updates_per_s"] for r in runs["checkout"])
         same = runs["baseline"][0]["digest"] == runs["checkout"][0]["digest"]

@@ -3,10 +3,10 @@
 Each server runs in a subprocess of its own (so the load generator does not share its interpreter) over
 the same backend: ``instant`` (a scripted reply, so the numbers are the server's own overhead) or
 ``smollm2`` (the embedded model, where generation dominates). The old server is loaded from a checkout of
-the commit before the rebuild, e.g. a worktree made with ``git worktree add /tmp/wt13s HEAD``::
+the commit before the rebuild (``--old``: a revision, checked out into a temporary worktree, or a tree)::
 
-    python benchmarks/serve_throughput.py --old /tmp/wt13s/src/simpop/agents/serve.py
-    python benchmarks/serve_throughput.py --old /tmp/wt13s/src/simpop/agents/serve.py --backend smollm2
+    python benchmarks/serve_throughput.py
+    python benchmarks/serve_throughput.py --backend smollm2
 """
 
 from __future__ import annotations
@@ -23,6 +23,9 @@ import time
 from pathlib import Path
 
 from simpop.agents.base import Generation
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+from baseline import BEFORE, tree  # noqa: E402  (benchmarks/baseline.py)
 
 CHAT = [{"role": "user", "content": "Say something kind."}]
 
@@ -115,8 +118,7 @@ def _measure(kind: str, args: argparse.Namespace, concurrency: int) -> tuple[flo
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--old", type=Path, default=Path("/tmp/wt13s/src/simpop/agents/serve.py"),
-                        help="the pre-rebuild serve.py (from a worktree of the older commit)")
+    parser.add_argument("--old", default=BEFORE, help="the pre-rebuild revision or tree")
     parser.add_argument("--backend", default="instant", help="instant, or a backend spec such as smollm2")
     parser.add_argument("--requests", type=int, default=2000)
     parser.add_argument("--concurrency", type=int, nargs="+", default=[1, 32], help="clients in flight (each is a run)")
@@ -129,8 +131,13 @@ def main() -> None:
     if args.serve:
         _child(args)
         return
-    if not args.old.is_file():
-        raise SystemExit(f"{args.old} not found: make a worktree of the pre-rebuild commit (see the docstring)")
+    with tree(args.old) as old:
+        args.old = old / "src" / "simpop" / "agents" / "serve.py"
+        compare(args)
+
+
+def compare(args: argparse.Namespace) -> None:
+    """Old and new server, alternating, per concurrency level."""
     for concurrency in args.concurrency:
         results: dict[str, list[tuple[float, float]]] = {"old": [], "new": []}
         for _ in range(args.repeats):

@@ -13,9 +13,13 @@ own envs, simulator and policy copy:
 - **the policy**: a torch module policy (:class:`~simpop.agents.policy.ActPolicy`, PPO's actor-critic)
   travels once as a module and then as its ``state_dict`` at every run (an update's new weights); other
   policies (an OpenAI-compatible text policy, scripted baselines) are light and travel pickled at every
-  run. A policy or shipped simulator holding an in-process language model (a torch module of more than
-  :data:`LIVE_MODEL_PARAMETERS` parameters, e.g. ``LLMPolicy``) is refused: serve the model
-  (``simpop serve``, vLLM) and give the workers an HTTP policy (``openai:URL#MODEL``) instead.
+  run. A trained text policy that generates on a vLLM server (``LLMPolicy`` with a generator,
+  ``--generator vllm:...``) ships only its served side (:meth:`~simpop.agents.policy.LLMPolicy.served`: the
+  server client set to the newest synced adapter, and the tokenizer), so workers generate on the server
+  while the model trains in the driver. A policy or shipped simulator holding an in-process language model
+  (a torch module of more than :data:`LIVE_MODEL_PARAMETERS` parameters, e.g. ``LLMPolicy`` without a
+  generator) is refused: serve the model (``simpop serve``, vLLM) and give the workers an HTTP policy
+  (``openai:URL#MODEL``) or a generator instead.
 
 Every dialogue runs start to end inside one wave on one worker (sticky routing: every turn of a dialogue is
 asked by the same worker, in order, so a server's prefix cache sees each dialogue's growing prompt).
@@ -199,9 +203,9 @@ class RayRolloutEngine(RolloutEngine):
                  env_kwargs: dict[str, Any] | None = None, *, config: RayConfig | None = None,
                  simulator_spec: Any = None, env_view: Callable[[Any], Any] | None = None):
         super().__init__(env, policy, simulator, n_envs, env_kwargs)
-        if _holds_model(policy):
+        if _holds_model(_rollout_side(policy)):
             raise ValueError(f"{type(policy).__name__} runs an in-process language model, which every Ray worker "
-                             f"would have to copy; serve the model (simpop serve, vLLM) and roll out with an "
+                             f"would have to copy; generate on a server (--generator vllm:...), roll out with an "
                              f"OpenAI-compatible policy (openai:URL#MODEL), or run without Ray")
         self.env_view = env_view
         self.env_views: list[Any] = []
@@ -259,7 +263,7 @@ class RayRolloutEngine(RolloutEngine):
     # ----------------------------------------------------------------- what travels to the workers
     def _policy_payload(self) -> dict[str, Any]:
         if not _is_module(self.policy):
-            return {"object": self.policy}
+            return {"object": _rollout_side(self.policy)}
         if self._module_key is not self.policy:  # a new policy object: its structure travels once
             self._module_ref, self._module_key = self._ray.put(self.policy), self.policy
         state = {k: v.detach().cpu().clone() for k, v in self.policy.state_dict().items()}
@@ -305,6 +309,13 @@ def _remote_worker(ray: Any) -> Any:
     if "worker" not in _REMOTE:
         _REMOTE["worker"] = ray.remote(RolloutWorker)
     return _REMOTE["worker"]
+
+
+def _rollout_side(policy: Any) -> Any:
+    """What workers run of ``policy``: a text policy generating on a server ships its served side only."""
+    served = getattr(policy, "served", None)
+    side = served() if callable(served) else None
+    return side if side is not None else policy
 
 
 def _is_module(obj: Any) -> bool:

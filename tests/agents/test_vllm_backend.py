@@ -93,7 +93,8 @@ def test_generate_ids_sends_exact_ids_and_reads_ids_and_logprobs(fake):
     backend = VLLMBackend(f"{fake.url}/v1", "smollm2")
     params = SamplingParams(max_new_tokens=3, temperature=0.7, top_p=0.9, seed=10, logprobs=True, stop=("END",))
     generations = backend.generate_ids([[1, 2, 3], [1, 2, 3, 4]], params)
-    bodies = [b for p, b in fake.requests if p == "/v1/completions"]
+    # The two requests run concurrently: the server may see them in either order.
+    bodies = sorted((b for p, b in fake.requests if p == "/v1/completions"), key=lambda b: len(b["prompt"]))
     assert [b["prompt"] for b in bodies] == [[1, 2, 3], [1, 2, 3, 4]]
     for i, body in enumerate(bodies):
         assert body["model"] == "smollm2" and body["return_token_ids"] is True and body["logprobs"] == 0

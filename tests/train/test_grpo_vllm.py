@@ -121,3 +121,38 @@ def test_full_finetune_sync_reloads_the_server_weights_in_place(vllm_server):
         assert gap() < 1e-3
     finally:  # the session's server serves the base weights again
         generator.client.reload_weights(backend.path)
+
+
+def test_text_grpo_rolls_out_in_ray_workers_on_the_synced_adapter(vllm_server, ray_cluster):
+    """Ray workers run the trained policy's served side (the server client at the newest adapter), the trainer
+    keeps the model: after an update, the workers' dialogues were sampled by ``policy@v1``, not the base model."""
+    from simpop.agents.transformers_backend import TransformersBackend
+    from simpop.rollout_ray import RayConfig, RayRolloutEngine
+
+    cfg = GRPOConfig(group_size=2, scenarios_per_update=2, max_new_tokens=6, seed=7, lr=5e-3)
+    backend = TransformersBackend("smollm2")
+    policy = LLMPolicy(backend, cfg.sampling(), lora=True, lora_r=4, lora_alpha=8,
+                       system_prompt="Ask for a donation.")
+    policy.generator = build_generator(f"vllm:{vllm_server.url}", "smollm2", backend.path, policy.adapter, 4)
+    trainer = GRPOTrainer(ENV, policy, native_text(simpop.make(ENV, **ENV_KWARGS)), cfg, env_kwargs=ENV_KWARGS)
+    trainer.engine = RayRolloutEngine(ENV, policy, trainer.simulator, None, ENV_KWARGS,
+                                      config=RayConfig(ray=True, ray_workers=2, ray_worker_cpus=0.5))
+    try:
+        assert trainer.update(_with_signal(trainer.collect()))["generator_version"] == 1
+        batch = trainer.collect()
+        assert trainer.engine.fallbacks["ray_fallback_waves"] == 0 and len(batch.trajectories) == 4
+        gaps = {"trained": [], "base": []}
+        with torch.no_grad():
+            for t in batch.trajectories:
+                on = torch.tensor(t.mask, dtype=torch.bool)
+                served = torch.tensor(t.logprobs)[on]
+                gaps["trained"].append((served - policy.score([t.token_ids], [t.mask]).logprobs[0][on]).abs())
+                with policy.lora.disabled():
+                    base = backend.token_logprobs([t.token_ids], [t.mask]).logprobs[0][on]
+                gaps["base"].append((served - base).abs())
+        trained, base = (float(torch.cat(gaps[k]).mean()) for k in ("trained", "base"))
+        assert trained < 0.02 < base
+        metrics = trainer.update(_with_signal(batch))
+        assert metrics["generator_version"] == 2 and metrics["gen_logp_abs_diff"] < 0.05
+    finally:
+        trainer.engine.close()

@@ -258,10 +258,19 @@ class VLLMGenerator:
             raise ValueError(f"adapter name {adapter!r} is taken or holds '@' (the version separator)")
         return VLLMGenerator(copy.copy(self.client), adapter, workdir=self.workdir)
 
+    def served_client(self) -> VLLMBackend:
+        """A copy of the client that generates with the newest synced weights (picklable: Ray workers get it)."""
+        client = copy.copy(self.client)
+        client.adapter = self._served_adapter()
+        return client
+
     def generate_ids(self, prompts: list[list[int]], params: SamplingParams) -> list[Generation]:
         """The trained model's turns on the server, with the newest synced weights."""
-        self.client.adapter = None if self.served == self.client.name else self.served
+        self.client.adapter = self._served_adapter()
         return self.client.generate_ids(prompts, params)
+
+    def _served_adapter(self) -> str | None:
+        return None if self.served == self.client.name else self.served
 
     def sync(self, trained: Any) -> dict[str, float]:
         """Push the trainer's current weights: ``trained`` is the PEFT model (LoRA) or the full model.
