@@ -26,20 +26,20 @@ falls back to a persona region (counted as ``writer_fallback``).
 
 from __future__ import annotations
 
-import hashlib
-import json
 from collections import Counter
 from collections.abc import MutableMapping, Sequence
 from dataclasses import dataclass
-from pathlib import Path
 from typing import Any
 
 import numpy as np
 
 from simpop.envs.persuasion.personas import CATEGORICAL, DEFAULT_MARGINALS, NUMERIC, PERSONA_FIELDS, SCALES, Persona
+from simpop.envs.written import PREFIX, WrittenSets
 
 #: Written persona sets registered in this process: name -> personas.
-_WRITTEN: dict[str, tuple[Persona, ...]] = {}
+_WRITTEN = WrittenSets("simpop.envs.persuasion.failures", encode=lambda p: p.to_dict(),
+                       decode=lambda d: WrittenPersona(**d))
+save_written, load_written = _WRITTEN.save, _WRITTEN.load
 
 
 @dataclass(frozen=True)
@@ -60,11 +60,8 @@ def persona_set(name: str) -> tuple[Persona, ...]:
         ValueError: a malformed name, an unknown attribute or category, an empty region, or a written set not
             registered in this process (load it with :func:`load_written`).
     """
-    if name.startswith("written-"):
-        if name not in _WRITTEN:
-            raise ValueError(f"written persona set {name!r} is not registered in this process; load the run's "
-                             f"written personas with simpop.envs.persuasion.failures.load_written(path)")
-        return _WRITTEN[name]
+    if name.startswith(PREFIX):
+        return _WRITTEN.get(name)
     head, _, clauses = name.partition(":")
     parts = head.split("-")
     if len(parts) != 3 or parts[0] != "region" or not all(p.isdigit() for p in parts[1:]) or int(parts[1]) < 1:
@@ -104,29 +101,7 @@ def _split_clause(clause: str, name: str) -> tuple[str, str, str]:
 
 def register_written(personas: Sequence[WrittenPersona]) -> str:
     """Register written personas under their content hash; returns the set's name (``written-<sha>``)."""
-    if not personas:
-        raise ValueError("a written persona set needs at least one persona")
-    payload = json.dumps([p.to_dict() for p in personas], sort_keys=True)
-    name = "written-" + hashlib.sha256(payload.encode()).hexdigest()[:12]
-    _WRITTEN[name] = tuple(personas)
-    return name
-
-
-def save_written(path: str | Path) -> None:
-    """Write every written persona set of this process to ``path`` (JSON)."""
-    Path(path).write_text(json.dumps({k: [p.to_dict() for p in v] for k, v in _WRITTEN.items()}, indent=1))
-
-
-def load_written(path: str | Path) -> list[str]:
-    """Register the written persona sets saved in ``path``; their names."""
-    data = json.loads(Path(path).read_text())
-    names = []
-    for name, personas in data.items():
-        loaded = tuple(WrittenPersona(**p) for p in personas)
-        if register_written(loaded) != name:
-            raise ValueError(f"{path}: written persona set {name!r} does not match its content")
-        names.append(name)
-    return names
+    return _WRITTEN.register(personas)
 
 
 # ---------------------------------------------------------------------------------------------- the model
@@ -163,7 +138,7 @@ class PersuasionFailures:
             if written:
                 return [{"name": f"written-{i}-{name[8:16]}",
                          "spec": f"frozen:{self.llm}?temperature=1.0&personas={name}",
-                         "reason": {"written": [p.description for p in _WRITTEN[name]], "reply_patterns": patterns}}
+                         "reason": {"written": [p.description for p in _WRITTEN.get(name)], "reply_patterns": patterns}}
                         for i, name in enumerate(written)]
             stats["writer_fallback"] = stats.get("writer_fallback", 0) + 1
         ranked = rank_attributes(lost_p, won_p)

@@ -12,16 +12,16 @@ Without a writer, or when its answer cannot be parsed, there is nothing to propo
 
 from __future__ import annotations
 
-import hashlib
-import json
 from collections.abc import MutableMapping, Sequence
-from pathlib import Path
 from typing import Any
 
 import numpy as np
 
-#: Written persona sets registered in this process: name -> personas.
-_WRITTEN: dict[str, tuple[str, ...]] = {}
+from simpop.envs.written import PREFIX, WrittenSets
+
+#: Written persona sets registered in this process (persona texts).
+_WRITTEN = WrittenSets("simpop.envs.tau2.failures")
+save_written, load_written = _WRITTEN.save, _WRITTEN.load
 
 
 def persona_set(name: str) -> tuple[str, ...]:
@@ -30,36 +30,16 @@ def persona_set(name: str) -> tuple[str, ...]:
     Raises:
         ValueError: an unknown name, or a set not registered in this process (load it with :func:`load_written`).
     """
-    if not name.startswith("written-"):
+    if not name.startswith(PREFIX):
         raise ValueError(f"unknown τ² persona set {name!r}; τ² has written-<sha> sets (or scenario)")
-    if name not in _WRITTEN:
-        raise ValueError(f"written persona set {name!r} is not registered in this process; load the run's written "
-                         f"personas with simpop.envs.tau2.failures.load_written(path)")
-    return _WRITTEN[name]
+    return _WRITTEN.get(name)
 
 
 def register_written(personas: Sequence[str]) -> str:
     """Register persona texts under their content hash; the set's name (``written-<sha>``)."""
     if not personas or not all(isinstance(p, str) and p.strip() for p in personas):
         raise ValueError("a written persona set needs at least one non-empty persona text")
-    name = "written-" + hashlib.sha256(json.dumps(list(personas)).encode()).hexdigest()[:12]
-    _WRITTEN[name] = tuple(personas)
-    return name
-
-
-def save_written(path: str | Path) -> None:
-    """Write every written persona set of this process to ``path`` (JSON)."""
-    Path(path).write_text(json.dumps({k: list(v) for k, v in _WRITTEN.items()}, indent=1))
-
-
-def load_written(path: str | Path) -> list[str]:
-    """Register the sets saved in ``path``; their names."""
-    names = []
-    for name, personas in json.loads(Path(path).read_text()).items():
-        if register_written(personas) != name:
-            raise ValueError(f"{path}: written persona set {name!r} does not match its content")
-        names.append(name)
-    return names
+    return _WRITTEN.register(personas)
 
 
 class Tau2Failures:
