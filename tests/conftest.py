@@ -22,13 +22,22 @@ def ray_cluster():
 
 
 @pytest.fixture(scope="session")
-def vllm_server():
-    """One vLLM OpenAI server for the whole test session (starting one costs ~40-100 s on 2 cores): the
-    embedded SmolLM2 in float32, LoRA on (rank <= 8), prefix caching, dev endpoints. Skips only where no
-    Python with vLLM is found (``make vllm-env`` builds one; ``make test`` does it first)."""
-    from simpop.agents.vllm_server import VLLMServer, find_vllm_python
+def vllm_python() -> str:
+    """A Python with vLLM; skips only where none is found (``make vllm-env`` builds one; ``make test`` does it
+    first)."""
+    from simpop.agents.vllm_server import find_vllm_python
 
-    if find_vllm_python() is None:
+    python = find_vllm_python()
+    if python is None:
         pytest.skip("no Python with vLLM found (run `make vllm-env`, or set SIMPOP_VLLM_PYTHON)")
+    return python
+
+
+@pytest.fixture(scope="session")
+def vllm_server(vllm_python):
+    """One vLLM OpenAI server for the whole test session (starting one costs ~40-100 s on 2 cores): the
+    embedded SmolLM2 in float32, LoRA on (rank <= 8), prefix caching, dev endpoints."""
+    from simpop.agents.vllm_server import VLLMServer
+
     with VLLMServer("smollm2", dtype="float32", max_lora_rank=8, max_model_len=2048) as server:
         yield server

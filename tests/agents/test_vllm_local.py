@@ -43,15 +43,10 @@ if __name__ == "__main__":  # vLLM's engine starts worker processes by spawning
 '''
 
 
-def test_local_vllm_generates_from_exact_ids_with_and_without_a_lora_adapter(tmp_path):
+def test_local_vllm_generates_from_exact_ids_with_and_without_a_lora_adapter(tmp_path, vllm_python):
     from simpop.agents.lora import LoRAAdapter
     from simpop.agents.transformers_backend import TransformersBackend
     from simpop.agents.vllm_backend import write_adapter
-    from simpop.agents.vllm_server import find_vllm_python
-
-    python = find_vllm_python()
-    if python is None:
-        pytest.skip("no Python with vLLM found (run `make vllm-env`, or set SIMPOP_VLLM_PYTHON)")
     backend = TransformersBackend("smollm2", dtype="float32")
     adapter = LoRAAdapter(backend, "probe", r=4, alpha=8)
     torch.manual_seed(0)
@@ -66,7 +61,7 @@ def test_local_vllm_generates_from_exact_ids_with_and_without_a_lora_adapter(tmp
     env = {**os.environ, "VLLM_CPU_KVCACHE_SPACE": "1", "HF_HUB_OFFLINE": "1", "TRANSFORMERS_OFFLINE": "1",
            "VLLM_NO_USAGE_STATS": "1"}
     env.pop("PYTHONPATH", None)
-    done = subprocess.run([python, str(script), str(SRC), str(backend.path), json.dumps(prompt), str(folder)],
+    done = subprocess.run([vllm_python, str(script), str(SRC), str(backend.path), json.dumps(prompt), str(folder)],
                           capture_output=True, text=True, env=env, timeout=600)
     lines = [line for line in done.stdout.splitlines() if line.startswith("RESULT ")]
     assert done.returncode == 0 and lines, done.stderr[-3000:]

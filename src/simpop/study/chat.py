@@ -52,16 +52,23 @@ class Arm:
     lock: threading.Lock = field(default_factory=threading.Lock)
 
 
-class _ArmEngine(RolloutEngine):
-    """The rollout engine with the arm's lock held around each policy call."""
+def _chat_policy(arm: Arm) -> Any:
+    """The arm's policy for one chat: a shallow copy (dialogue-aware policies keep per-wave state; the model is
+    shared) whose model calls (``act_batch``, ``generate_ids``) hold the arm's lock, since chats run in threads."""
+    policy = copy.copy(arm.policy)
+    for name in ("act_batch", "generate_ids"):
+        method = getattr(policy, name, None)
+        if callable(method):
+            setattr(policy, name, _holding(arm.lock, method))
+    return policy
 
-    def __init__(self, *args: Any, lock: threading.Lock, **kwargs: Any):
-        super().__init__(*args, **kwargs)
-        self._lock = lock
 
-    def _policy_act(self, turns, rng):  # type: ignore[no-untyped-def]
-        with self._lock:
-            return super()._policy_act(turns, rng)
+def _holding(lock: threading.Lock, method: Callable[..., Any]) -> Callable[..., Any]:
+    def call(*args: Any, **kwargs: Any) -> Any:
+        with lock:
+            return method(*args, **kwargs)
+
+    return call
 
 
 def _now() -> str:
@@ -101,8 +108,8 @@ class Chat:
         self._thread.start()
 
     def _run(self) -> None:
-        policy = copy.copy(self.arm.policy)
-        engine = _ArmEngine(lambda: self.env, policy, self.seat, n_envs=1, lock=self.arm.lock)
+        policy = _chat_policy(self.arm)
+        engine = RolloutEngine(lambda: self.env, policy, self.seat, n_envs=1)
         begin_wave(policy, [self.env])
         started = time.monotonic()
         try:
