@@ -382,8 +382,8 @@ class SimulatorSpec:
         text = self.kind
         if self.model:
             text += ":" + quote(self.model, safe=":/@-_.~+,=")
-        params = {**self.params, "personas": self.personas}
-        text += "?" + "&".join(f"{key}={_render(value)}" for key, value in sorted(params.items()))
+        params = {**self.params, "personas": self.personas}  # an empty string (a default "none") is left out
+        text += "?" + "&".join(f"{key}={_render(value)}" for key, value in sorted(params.items()) if value != "")
         return text
 
     @classmethod

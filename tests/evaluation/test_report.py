@@ -6,7 +6,9 @@ import numpy as np
 import pytest
 
 from simpop.evaluation.report import (CONTRADICTS, INCONCLUSIVE, NOT_REPRODUCED, REPRODUCED, SAME_DIRECTION, SUPPORTS,
-                                      Comparison, curves, judge_claims, plot_curves, render_report, stat, summary_table)
+                                      Comparison, ablation, ablation_section, choose_objective, collapse_curve,
+                                      convergence_note, curve_section, curves, judge_claims, judged, plot_curves,
+                                      plot_per_seed, render_report, stat, summary_table)
 
 CONDITIONS = ("frozen", "verbalized", "cotrain", "population")
 
@@ -129,5 +131,83 @@ def test_curves_and_plots(tmp_path):
     assert np.allclose(mean, [0.5, 1.0, 1.5]) and (lo <= mean).all() and (hi >= mean).all()
     paths = plot_curves(records, tmp_path, order=("frozen", "cotrain"))
     assert sorted(p.name for p in paths) == ["heldout_success.png", "policy_entropy.png", "train_success.png",
-                                             "zero_var_frac.png"]
+                                             "zero_var_frac.png"]  # no robustness-panel values: no such plot
     assert all(p.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n" for p in paths)
+
+
+def _ablation_conditions(diffs: dict[str, tuple[float, float]], noise: float = 0.01, n: int = 10) -> dict:
+    """``cotrain`` at 0.5 on both panels and ``cotrain+<objective>`` shifted by (held-out, robust) differences."""
+    rng = np.random.default_rng(7)
+    per_condition = {"cotrain": {"heldout_success": [0.5] * n, "robust_success": [0.4] * n}}
+    for objective, (held, robust) in diffs.items():
+        per_condition[f"cotrain+{objective}"] = {
+            "heldout_success": list(0.5 + held + noise * rng.standard_normal(n)),
+            "robust_success": list(0.4 + robust + noise * rng.standard_normal(n))}
+    return _summary(per_condition)
+
+
+@pytest.mark.parametrize("diffs, chosen", [
+    ({"persona": (0.05, 0.0)}, "persona"),  # better on the project panel, not worse on the robustness panel
+    ({"persona": (0.05, -0.05)}, "target"),  # ... but significantly worse on the robustness panel
+    ({"persona": (0.0, 0.1)}, "target"),  # the robustness panel alone decides nothing
+    ({"realism": (0.2, 0.2)}, "target"),  # needs a corpus: never the default
+    ({"persona": (0.050, 0.0), "diverse": (0.052, 0.0)}, "persona"),  # a tie goes to the simpler objective
+    ({"persona": (0.05, 0.0), "diverse": (0.10, 0.0)}, "diverse"),
+])
+def test_default_objective_follows_the_stated_rule(diffs, chosen):
+    conditions = _ablation_conditions(diffs, noise=0.0 if len(diffs) > 1 else 0.01)
+    rows = ablation(conditions)
+    assert [r["condition"] for r in rows] == [f"cotrain+{o}" for o in diffs]
+    assert choose_objective(rows)[0] == chosen
+    section = ablation_section(conditions)
+    assert f"**{chosen}**" in section and "| cotrain+" in section
+
+
+def _curve_records(heldout, entropy, zero_var, seeds=range(6), step=10):
+    records = []
+    for s in seeds:
+        for i, (h, e) in enumerate(zip(heldout, entropy)):
+            records.append({"condition": "frozen", "seed": s, "kind": "eval", "step": i * step,
+                            "heldout_success": h + 0.01 * s, "policy_entropy": e - 0.001 * s})
+        records += [{"condition": "frozen", "seed": s, "kind": "train", "step": u, "zero_var_frac": z}
+                    for u, z in enumerate(zero_var, start=1)]
+    return records
+
+
+def test_collapse_curve_split_half_peak_then_decline():
+    rise_fall = _curve_records([0.2, 0.6, 0.7, 0.5, 0.4], [2.0, 1.5, 1.0, 0.6, 0.3], [0.1] * 15 + [0.95] * 25)
+    curve = collapse_curve(rise_fall)
+    assert (curve["peak_step"], curve["peak_seeds"], curve["test_seeds"]) == (20, [0, 1, 2], [3, 4, 5])
+    assert curve["peaks_then_declines"] and curve["decline"]["mean"] == pytest.approx(-0.3)
+    saturation = curve["entropy_after_saturation"]
+    assert saturation["from_step"] == 20 and saturation["keeps_falling"]  # zero-var >= 0.9 from update 16
+    assert "Peaks then declines: yes" in curve_section(curve) and "Keeps falling: yes" in curve_section(curve)
+    plateau = collapse_curve(_curve_records([0.2, 0.6, 0.6, 0.6, 0.6], [2.0, 1.0, 1.0, 1.0, 1.0], [0.1] * 40))
+    assert not plateau["peaks_then_declines"] and plateau["entropy_after_saturation"] is None
+    assert "not tested" in curve_section(plateau)
+    assert collapse_curve(_curve_records([0.2, 0.6, 0.5], [1, 1, 1], [0.1], seeds=range(3))) is None  # < 4 seeds
+
+
+def test_convergence_note_names_conditions_still_moving():
+    flat = _summary({"frozen": {"late_change": [0.01, -0.01, 0.0]}, "cotrain": {"late_change": [0.1, 0.08, 0.09]}})
+    note = convergence_note(flat)
+    assert "not converged: cotrain +0.090" in note and "frozen +0.000" in note
+    assert "every condition converged" in convergence_note({"frozen": flat["frozen"]})
+
+
+def test_per_seed_plots(tmp_path):
+    records = _curve_records([0.2, 0.5, 0.6], [1, 1, 1], [0.1], seeds=range(3))
+    records += [{**r, "condition": "cotrain"} for r in records]
+    paths = plot_per_seed(records, tmp_path, order=("frozen", "cotrain"))
+    assert [p.name for p in paths] == ["heldout_success_per_seed.png"]  # no robustness-panel values: no plot
+    assert paths[0].read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+
+
+def test_claims_need_frozen_and_a_fix():
+    conditions = _paper_like(noise=0.01)
+    assert judged(conditions) and not judged({"frozen": conditions["frozen"]})
+    assert not judged({c: conditions[c] for c in CONDITIONS[1:]})
+    summary = {"conditions": {"frozen": conditions["frozen"]}, "wall_time_s": 1.0,
+               "setup": {"level": "act", "env_id": "simpop/PersuasionAct-v0", "seeds": [0, 1], "updates": 10,
+                         "batch_size": 16, "eval_every": 5, "eval_episodes": 8, "panel": "p"}}
+    assert "Not judged: the claims compare frozen with the fixes" in render_report(summary, [], [])

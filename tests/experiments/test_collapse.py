@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import shutil
 
@@ -9,14 +10,16 @@ import pytest
 
 from simpop.cli import main
 from simpop.envs import make
+from simpop.envs.persuasion.corpus import load_corpus
 from simpop.envs.persuasion.personas import modal_persona
 from simpop.envs.persuasion.simulators import ActPersuadee, TextPersuadee
 from simpop.envs.persuasion.trainable import TrainableActPersuadee
 from simpop.evaluation.metrics import WALL_CLOCK_KEYS
 from simpop.evaluation.report import SUMMARY_METRICS
-from simpop.experiments.collapse import (CONDITIONS, PANEL_TEMPERATURES, TEXT_PANEL_LLM_TEMPERATURES, CollapseConfig,
-                                         build_panel, build_trainer, panel_specs, run_collapse, shared_model_members,
-                                         simulator_specs)
+from simpop.experiments.collapse import (CONDITIONS, CORPUS_PANEL_TEMPERATURES, PANEL_TEMPERATURES,
+                                         ROBUST_PANEL_TEMPERATURES, TEXT_PANEL_LLM_TEMPERATURES, CollapseConfig,
+                                         build_panel, build_trainer, descriptions, extra_panels, panel_specs,
+                                         robust_panel_specs, run_collapse, shared_model_members, simulator_specs)
 from simpop.seat import SimulatorSpec
 from simpop.simulators.llm import LLMSimulator
 from simpop.simulators.population import PanelOverlapError, leaf_simulators
@@ -24,6 +27,7 @@ from simpop.simulators.registry import build_many
 from simpop.simulators.trainable import TrainableLLMSimulator
 from simpop.simulators.verbalized import Renormalised, VerbalizedSimulator
 from simpop.train.cotrain import CoTrainer
+from tests.envs.persuasion.p4g_fixture import write_p4g_corpus
 from tests.simulators.fakes import FakeBackend, FakeTrainableBackend
 
 TINY = dict(seeds=2, updates=2, eval_every=1, eval_episodes=4, max_turns=4, heldout_personas=40, workers=1,
@@ -51,7 +55,8 @@ def test_outputs_and_schema(finished):
     assert list(summary["conditions"]) == list(CONDITIONS)
     for condition in summary["conditions"].values():
         assert condition["description"]
-        for metric in SUMMARY_METRICS:
+        assert set(condition["metrics"]) >= set(SUMMARY_METRICS) - {"corpus_success"}  # no corpus panel here
+        for metric in condition["metrics"]:
             stat = condition["metrics"][metric]
             assert set(stat) == {"mean", "ci_low", "ci_high", "n", "per_seed", "unit"} and stat["n"] == 2
             assert stat["unit"] == "seed"
@@ -161,7 +166,7 @@ def test_config_validation():
         CollapseConfig(grpo={"group_sise": 4})
     with pytest.raises(ValueError, match="population co-training needs a checkpoint pool"):
         CollapseConfig(cotrain={"pool_size": 0, "pool_sample_prob": 0.0})
-    assert CollapseConfig().seeds >= 5 and CollapseConfig(level="text").seeds == 1
+    assert CollapseConfig().seeds >= 10 and CollapseConfig(level="text").seeds == 1
 
 
 def test_nested_configs_take_level_defaults_and_partial_overrides(tmp_path):
@@ -184,3 +189,71 @@ def test_nested_configs_take_level_defaults_and_partial_overrides(tmp_path):
     args = parser.parse_args(["collapse", "--grpo.lr", "0.04", "--model.hidden-size", "16"])
     built = build(CollapseConfig, args, yaml_path=tmp_path / "c.yaml")
     assert (built.grpo.lr, built.grpo.group_size, built.cotrain.sim_lr, built.model.hidden_size) == (0.04, 4, 0.2, 16)
+
+
+def test_objective_ablations_are_conditions():
+    config = CollapseConfig(**{**TINY, "conditions": ("cotrain", "cotrain+persona", "population",
+                                                      "population+diverse")})
+    env = make(config.env_id, **config.env_kwargs())
+    persona = build_trainer("cotrain+persona", config, 0, env)
+    assert isinstance(persona, CoTrainer) and persona.config.objective == "persona"
+    assert persona.config.population_size == 1 and persona.config.pool_size == 0
+    assert [s.name for s in persona.simulators] == ["cotrain-0"]
+    diverse = build_trainer("population+diverse", config, 0, env)
+    assert (diverse.config.objective, diverse.config.population_size, diverse.config.pool_prune) == \
+        ("diverse", 2, "redundant")
+    assert "objective persona" in descriptions(config)["cotrain+persona"]
+    assert "objective target" in descriptions(config)["cotrain"]
+    for conditions, message in ((("cotrain+diverse",), "population\\+diverse"),
+                                (("cotrain+realism",), "reference_data"),
+                                (("frozen+persona",), "unknown"), (("cotrain+nope",), "unknown")):
+        with pytest.raises(ValueError, match=message):
+            CollapseConfig(**{**TINY, "conditions": conditions})
+
+
+def test_robustness_panel_is_built_another_way_and_held_out():
+    config = CollapseConfig(**TINY)
+    assert config.robust_panel and not CollapseConfig(level="text").robust_panel
+    env = make(config.env_id, **config.env_kwargs())
+    robust, heldout = build_panel(config, env, name="robust"), build_panel(config, env)
+    assert robust.name == "p4g-robust" and list(robust.members) == list(robust_panel_specs(config))
+    assert {m.temperature for _, m in robust} == set(ROBUST_PANEL_TEMPERATURES)
+    assert {m.model_name for _, m in robust} == {"shuffled-0", "shuffled-1", "shuffled-2"}
+    personas = {p for _, m in robust for p in m.personas}
+    assert personas.isdisjoint({p for _, m in heldout for p in m.personas})
+    assert personas.isdisjoint(env.load_scenario(i).persona for i in env.scenario_ids())
+    for condition in CONDITIONS:
+        robust.check_disjoint([build_trainer(condition, config, 0, env).training_simulator])
+
+
+def test_finished_run_reports_robustness_convergence_and_per_seed_curves(finished):
+    records = [json.loads(line) for line in (finished / "metrics.jsonl").read_text().splitlines()]
+    evals = [r for r in records if r["kind"] == "eval"]
+    assert all(0 <= r["robust_success"] <= 1 and len(r["robust_outcomes"]) == 3 * TINY["eval_episodes"]
+               for r in evals)
+    assert {p.name for p in finished.iterdir()} >= {"robust_success.png", "heldout_success_per_seed.png",
+                                                     "robust_success_per_seed.png"}
+    report = (finished / "report.md").read_text()
+    assert "robustness panel**: three native persuadee models whose persuasive strategies" in report
+    assert "Convergence (training success over the last 10%" in report
+
+
+def test_corpus_panel_fits_persuadees_to_a_corpus(tmp_path):
+    corpus = write_p4g_corpus(tmp_path / "p4g", n_dialogues=40, n_annotated=20)
+    config = CollapseConfig(**{**TINY, "corpus_panel": str(corpus)})
+    env = make(config.env_id, **config.env_kwargs())
+    panel = build_panel(config, env, name="corpus")
+    assert panel.name == "p4g-corpus" and set(extra_panels(config)) == {"robust", "corpus"}
+    assert {m.model_name for _, m in panel} == {"fitted-0", "fitted-1", "fitted-2"}
+    assert {m.temperature for _, m in panel} == set(CORPUS_PANEL_TEMPERATURES)
+    assert all(m.personas == load_corpus(corpus).personas() for _, m in panel)  # the corpus's persuadees
+    assert len({m.model.params for _, m in panel}) == 3  # three resamples, three fits
+    for condition in CONDITIONS:
+        panel.check_disjoint([build_trainer(condition, config, 0, env).training_simulator])
+    with pytest.raises(ValueError, match="corpus_panel .*: no such folder"):
+        CollapseConfig(**{**TINY, "corpus_panel": str(tmp_path / "missing")})
+    out = tmp_path / "run"
+    run_collapse(dataclasses.replace(config, conditions=("frozen",), seeds=1, updates=1), out, progress=False)
+    summary = json.loads((out / "summary.json").read_text())
+    assert 0 <= summary["conditions"]["frozen"]["metrics"]["corpus_success"]["mean"] <= 1
+    assert "corpus panel**: three native persuadee models fitted" in (out / "report.md").read_text()

@@ -74,9 +74,9 @@ def test_any_spec_round_trips(kind_name, model, personas, temperature, k):
                               "max_new_tokens, personas, temperature, top_p"),
     # A wrapper over a kind takes the inner kind's settings (and, for verbalized, tau and floor) only.
     ("verbalized:persuadee?k=5", "unknown parameter.* k for simulator kind 'verbalized' over persuadee; valid: "
-                                 "decoding, floor, jitter, model_seed, personas, tau, temperature"),
-    ("trainable:persuadee?lora_r=4", "unknown parameter.* lora_r .*valid: decoding, jitter, model_seed, personas, "
-                                     "temperature"),
+                                 "corpus, decoding, floor, jitter, model_seed, personas, tau, temperature"),
+    ("trainable:persuadee?lora_r=4", "unknown parameter.* lora_r .*valid: corpus, decoding, jitter, model_seed, "
+                                     "personas, temperature"),
     ("verbalized:native", "kind 'native' cannot be wrapped by 'verbalized'"),
     ("trainable:frozen:smollm2", "kind 'frozen' cannot be wrapped by 'trainable'"),
 ])

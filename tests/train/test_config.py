@@ -10,7 +10,7 @@ from typing import Literal
 import pytest
 
 from simpop.agents.policy import ModelConfig
-from simpop.train.config import add_arguments, build, field_docs, save_yaml
+from simpop.train.config import add_arguments, build, changed_settings, field_docs, json_ready, save_yaml, to_dict
 from simpop.train.grpo import GRPOConfig
 from simpop.train import objectives
 from simpop.train.loop import LoopConfig
@@ -140,3 +140,16 @@ def test_grpo_config_errors_say_how_to_fix(field, value, hint):
 def test_model_and_loop_config_errors_say_how_to_fix(cls, field, value, hint):
     with pytest.raises(ValueError, match=hint):
         cls(**{field: value})
+
+
+def test_changed_settings_accepts_fields_added_since_at_their_default():
+    from simpop.experiments.collapse import CollapseConfig
+
+    default = CollapseConfig()
+    saved = json_ready(to_dict(default))
+    del saved["cotrain"]["pool_prune"], saved["corpus_panel"]  # as written before these fields existed
+    assert changed_settings(saved, default, CollapseConfig()) == []
+    moved = CollapseConfig(cotrain={"pool_prune": "redundant"}, updates=300, conditions=("frozen",))
+    assert changed_settings(saved, moved, CollapseConfig()) == ["conditions", "cotrain.pool_prune", "updates"]
+    saved["retired_field"] = 1  # a field removed since: a change (the old run meant something this one cannot)
+    assert changed_settings(saved, default, CollapseConfig()) == ["retired_field"]

@@ -22,10 +22,12 @@ from simpop.envs.persuasion.personas import SCALES, modal_persona
 from simpop.envs.persuasion.trainable import UNSCORED, TrainableActPersuadee, reference_episodes
 from simpop.envs.persuasion.corpus import load_corpus
 from simpop.rollout import RolloutEngine
+from simpop.simulators.trainable import TrainableLLMSimulator
 from simpop.train.config import add_arguments, build
 from simpop.train.cotrain import OBJECTIVES, CoTrainConfig, CoTrainer, simulator_advantages
 from simpop.train.grpo import Batch, GRPOConfig, GRPOTrainer
 from tests.envs.persuasion.p4g_fixture import write_p4g_corpus
+from tests.simulators.fakes import FakeTrainableBackend
 
 ENV = "simpop/PersuasionAct-v0"
 
@@ -67,9 +69,9 @@ def corpus_dir(tmp_path_factory) -> Path:
     ({"objective": "nope"}, "objective must be one of"),
     ({"objective": "realism"}, "realism_coef > 0 and reference_data"),
     ({"objective": "adversarial", "realism_coef": 1.0}, "reference_data"),
-    ({"realism_coef": 1.0, "reference_data": "x"}, "only acts with objective realism"),
-    ({"objective": "diverse"}, "diversity_coef > 0"),
-    ({"diversity_coef": 0.5}, "diversity_coef > 0"),
+    ({"objective": "realism", "realism_coef": 0.0, "reference_data": "x"}, "realism_coef > 0"),
+    ({"objective": "diverse", "diversity_coef": 0.0}, "diversity_coef > 0"),
+    ({"diversity_coef": -0.5}, "diversity_coef must be >= 0"),
     ({"realism_coef": -1.0}, "realism_coef must be >= 0"),
 ])
 def test_objective_config_is_validated(kwargs, message):
@@ -189,3 +191,50 @@ def test_state_dict_keeps_the_persona_sampler():
     other.load_state_dict(sim.state_dict())
     assert torch.equal(other.persona_logits, sim.persona_logits)
     assert torch.equal(sim.snapshot().persona_logits, sim.persona_logits)
+
+
+def _shifted(sim: TrainableActPersuadee, shift: float, name: str) -> TrainableActPersuadee:
+    """A frozen snapshot of ``sim`` with every reply preference moved by ``shift`` (0: the same behaviour)."""
+    snap = sim.snapshot()
+    with torch.no_grad():
+        snap.theta.add_(shift * torch.linspace(-1.0, 1.0, len(snap.theta), dtype=torch.float64))
+    snap.name = name
+    return snap
+
+
+def test_redundant_pruning_drops_a_near_duplicate_not_the_oldest():
+    sims = [TrainableActPersuadee(name=f"m{i}") for i in range(2)]
+    config = CoTrainConfig(population_size=2, pool_size=3, pool_sample_prob=0.25, snapshot_every=1,
+                           pool_prune="redundant")
+    trainer = _cotrainer(sims, config)
+    _train(trainer, 1)  # the simulators' records of one batch: the states the distances are measured on
+    far, near, twin = _shifted(sims[0], 0.5, "far"), _shifted(sims[0], 0.0, "near"), _shifted(sims[0], 0.01, "twin")
+    assert trainer._most_redundant([far, near], twin) == 1  # the oldest (far) is the most distinct: it stays
+    assert trainer._most_redundant([near, far], twin) == 0
+    # Through the pool (either rule): the resume record names exactly the snapshots the pool holds, in its order,
+    # and a resumed trainer rebuilds them.
+    kept = {}
+    for prune in ("redundant", "oldest"):
+        trainer = _cotrainer([TrainableActPersuadee(name=f"m{i}") for i in range(2)],
+                             dataclasses.replace(config, pool_prune=prune))
+        for step in range(1, 3):
+            _train(trainer, 1, seed0=step)
+            for index, sim in enumerate(trainer.simulators):
+                trainer._add_snapshot(index, step, sim.state_dict())
+        names = [m.name for m in trainer.pool.members]
+        assert len(names) == 3 and names == [f"m{i}@{s}" for i, s, _ in trainer._snapshots]
+        resumed = _cotrainer([TrainableActPersuadee(name=f"m{i}") for i in range(2)],
+                             dataclasses.replace(config, pool_prune=prune))
+        resumed.load_state_dict(trainer.state_dict())
+        assert [m.name for m in resumed.pool.members] == names
+        kept[prune] = names
+    assert kept["oldest"] == ["m1@1", "m0@2", "m1@2"]
+
+
+def test_redundant_pruning_needs_divergent_simulators():
+    backend = FakeTrainableBackend()
+    sims = [TrainableLLMSimulator(backend, f"a{i}", name=f"llm{i}") for i in range(2)]
+    config = CoTrainConfig(population_size=2, pool_size=3, pool_sample_prob=0.25, pool_prune="redundant")
+    with pytest.raises(TypeError, match="pool_prune 'redundant' needs simulators that are Divergent"):
+        CoTrainer(GRPOTrainer("simpop/Persuasion-v1", ActPolicy.for_env(make(ENV)), None,
+                              GRPOConfig(group_size=2, scenarios_per_update=2)), sims, config)

@@ -33,7 +33,8 @@ register("simpop/Tau2-telecom-workflow-v0", "simpop.envs.tau2.env:Tau2Env",
 
 register_simulator_kind("persuadee", Kind(
     "simpop.envs.persuasion.simulators:from_spec",
-    "the native P4G persuadee (act or text level): model base | heldout-<i>; decoding sample | greedy",
-    decoding={"decoding": "sample", "temperature": 1.0}, extra={"jitter": 0.35, "model_seed": 4242},
+    "the native P4G persuadee (act or text level): model base | heldout-<i> | shuffled-<i> | fitted-<i> (corpus=DIR); "
+    "decoding sample | greedy",
+    decoding={"decoding": "sample", "temperature": 1.0}, extra={"jitter": 0.35, "model_seed": 4242, "corpus": ""},
     needs_model=False, distribution=True,
     trainable="simpop.envs.persuasion.trainable:TrainableActPersuadee.from_spec"))

@@ -41,6 +41,15 @@ FROZEN = "frozen"
 FIXES = ("verbalized", "cotrain", "population")
 #: "Falls toward zero": the frozen policy's final entropy is below this share of its initial entropy.
 ENTROPY_COLLAPSE_RATIO = 0.25
+#: A run has converged when its training success over the last 10% of updates is within this of the 10% before.
+CONVERGED_CHANGE = 0.03
+#: Zero-variance share at which GRPO's gradient has (nearly) stopped, for the collapse curve's entropy test.
+SATURATED_ZERO_VAR = 0.9
+#: Co-training objectives that run on the data simpop ships, i.e. that may become the default (the others need
+#: a corpus); in the order a tie prefers them (the simpler first).
+DEFAULT_CANDIDATES = ("target", "persona", "diverse")
+#: Means within this are a tie when choosing the default objective.
+OBJECTIVE_TIE = 0.005
 
 SUPPORTS, SAME_DIRECTION, CONTRADICTS = "supports", "same direction, CI includes 0", "contradicts"
 REPRODUCED, INCONCLUSIVE, NOT_REPRODUCED = "reproduced", "inconclusive", "not reproduced"
@@ -53,7 +62,12 @@ SUMMARY_METRICS = {
     "policy_entropy": "policy entropy (nats)",
     "zero_var_frac": "zero-variance groups",
     "train_rise": "training success rise",
+    "late_change": "training success change, last 20%",
+    "robust_success": "robustness-panel success",
+    "corpus_success": "corpus-panel success",
 }
+#: The panels' success metrics, in the ablation table's column order.
+PANEL_METRICS = {"heldout_success": "held-out", "robust_success": "robustness-panel", "corpus_success": "corpus-panel"}
 
 
 def stat(values: Sequence[float], units: Sequence[Sequence[float]] | None = None,
@@ -141,6 +155,11 @@ def _compare(conditions: Mapping[str, Any], label: str, plus: tuple[str, str], m
     return Comparison(label, list(scale * _per_seed(conditions, *plus) - _per_seed(conditions, *minus)))
 
 
+def judged(conditions: Mapping[str, Any]) -> bool:
+    """Whether the claims can be judged: the frozen condition and at least one fix (each claim compares them)."""
+    return FROZEN in conditions and any(f in conditions for f in FIXES)
+
+
 def judge_claims(conditions: Mapping[str, Any]) -> list[Verdict]:
     """The three claims of the paper, tested on a summary's ``conditions`` (see the module docstring).
 
@@ -182,6 +201,155 @@ def judge_claims(conditions: Mapping[str, Any]) -> list[Verdict]:
     return [a, b, c]
 
 
+# ============================================================================================ ablation
+def ablation(conditions: Mapping[str, Any]) -> list[dict[str, Any]]:
+    """Each co-training ablation ``base+objective`` against its ``base`` condition (the configured objective), paired
+    by seed, on the held-out panel and (when evaluated) the robustness and corpus panels."""
+    rows = []
+    for name in conditions:
+        base, plus, objective = name.partition("+")
+        if not plus or base not in conditions:
+            continue
+        row: dict[str, Any] = {"condition": name, "base": base, "objective": objective}
+        for metric in PANEL_METRICS:
+            if all(metric in conditions[c]["metrics"] for c in (name, base)):
+                row[metric] = asdict(_compare(conditions, f"{metric}: {name} - {base}", (name, metric),
+                                              (base, metric)))
+        rows.append(row)
+    return rows
+
+
+def choose_objective(rows: Sequence[Mapping[str, Any]], current: str = "target") -> tuple[str, str]:
+    """The default co-training objective by the rule fixed before the comparison was run, and why.
+
+    Candidates are the objectives in :data:`DEFAULT_CANDIDATES` (they run on shipped data). One replaces
+    ``current`` only if its held-out difference to the base condition has a CI above 0 and its robustness-panel
+    difference is not significantly negative (CI not entirely below 0); among several, the highest held-out mean
+    wins, ties (:data:`OBJECTIVE_TIE`) going to the earlier in :data:`DEFAULT_CANDIDATES`.
+    """
+    qualified = []
+    for row in rows:
+        held, robust = row.get("heldout_success"), row.get("robust_success")
+        if row["objective"] not in DEFAULT_CANDIDATES or held is None:
+            continue
+        if held["ci_low"] > 0 and (robust is None or robust["ci_high"] >= 0):
+            qualified.append((held["mean"], row["objective"], row["condition"]))
+    if not qualified:
+        return current, (f"no candidate ({', '.join(DEFAULT_CANDIDATES)}) beat {current} on the held-out panel with "
+                         f"a CI above 0 without losing significantly on the robustness panel: {current} stays")
+    best = max(m for m, _, _ in qualified)
+    tied = [q for q in qualified if best - q[0] <= OBJECTIVE_TIE]
+    mean, objective, condition = min(tied, key=lambda q: DEFAULT_CANDIDATES.index(q[1]))
+    return objective, (f"{condition} beat its base on the held-out panel ({mean:+.3f}, CI above 0) and not "
+                       f"significantly worse on the robustness panel")
+
+
+def ablation_section(conditions: Mapping[str, Any], current: str = "target") -> str:
+    """Markdown: the ablation table (paired differences on every panel evaluated) and the default-objective rule's
+    result."""
+    rows = ablation(conditions)
+    if not rows:
+        return ""
+    panels = [m for m in PANEL_METRICS if any(m in row for row in rows)]
+    lines = ["| condition | vs | " + " | ".join(f"{PANEL_METRICS[m]} success | paired difference" for m in panels)
+             + " |", "|---|---|" + "---|---|" * len(panels)]
+    for row in rows:
+        metrics = conditions[row["condition"]]["metrics"]
+        cells = []
+        for metric in panels:
+            d = row.get(metric)
+            cells += [_cell(metrics.get(metric)),
+                      "n/a" if d is None else f"{d['mean']:+.3f} [{d['ci_low']:+.3f}, {d['ci_high']:+.3f}]"]
+        lines.append(f"| {row['condition']} | {row['base']} | " + " | ".join(cells) + " |")
+    objective, reason = choose_objective(rows, current)
+    return "\n".join(lines + ["", f"Default objective by the pre-stated rule: **{objective}** ({reason})."])
+
+
+# ========================================================================================= convergence
+def convergence_note(conditions: Mapping[str, Any]) -> str:
+    """One sentence: which conditions' training success is flat over the last 20% of updates."""
+    flat, moving = [], []
+    for name, cond in conditions.items():
+        change = cond["metrics"].get("late_change")
+        if change is None or not math.isfinite(change["mean"]):
+            continue
+        (flat if abs(change["mean"]) <= CONVERGED_CHANGE else moving).append(f"{name} {change['mean']:+.3f}")
+    if not flat and not moving:
+        return ""
+    text = (f"Convergence (training success over the last 10% of updates minus the 10% before, mean over seeds; "
+            f"flat when within ±{CONVERGED_CHANGE:g}): ")
+    text += ("every condition converged" if not moving else "**not converged: " + ", ".join(moving) + "**")
+    return text + (f" ({', '.join(flat)})." if flat else ".")
+
+
+# ======================================================================================= collapse curve
+def _by_seed(records: Sequence[Mapping[str, Any]], condition: str, kind: str,
+             metric: str) -> dict[int, dict[int, float]]:
+    out: dict[int, dict[int, float]] = {}
+    for r in records:
+        if r.get("condition") == condition and r.get("kind") == kind and r.get(metric) is not None:
+            out.setdefault(int(r["seed"]), {})[int(r["step"])] = float(r[metric])
+    return out
+
+
+def collapse_curve(records: Sequence[Mapping[str, Any]], condition: str = FROZEN) -> dict[str, Any] | None:
+    """Does ``condition``'s held-out success peak and then decline, and does its entropy keep falling once GRPO's
+    gradient has stopped? Split half, so that choosing the peak does not bias the test: the peak is the step where
+    the first half of the seeds' mean held-out curve is highest; on the other half, final minus peak-step held-out
+    success, paired by seed (t CI). Entropy: from the first evaluation after which the updates' seed-mean
+    zero-variance share reaches :data:`SATURATED_ZERO_VAR`, final minus that evaluation's entropy, over all seeds.
+    None with fewer than 4 seeds."""
+    held = _by_seed(records, condition, "eval", "heldout_success")
+    entropy = _by_seed(records, condition, "eval", "policy_entropy")
+    zero_var = _by_seed(records, condition, "train", "zero_var_frac")
+    seeds = sorted(held)
+    steps = sorted(set.intersection(*(set(v) for v in held.values()))) if held else []
+    if len(seeds) < 4 or len(steps) < 3:
+        return None
+    first, second = seeds[: len(seeds) // 2], seeds[len(seeds) // 2:]
+    peak = max(steps, key=lambda t: (np.mean([held[s][t] for s in first]), -t))
+    final = steps[-1]
+    decline = mean_ci([held[s][final] - held[s][peak] for s in second])
+    out: dict[str, Any] = {
+        "condition": condition, "peak_step": peak, "final_step": final, "peak_seeds": first, "test_seeds": second,
+        "peak_heldout": float(np.mean([held[s][peak] for s in second])),
+        "final_heldout": float(np.mean([held[s][final] for s in second])),
+        "decline": {"mean": decline[0], "ci_low": decline[1], "ci_high": decline[2]},
+        "peaks_then_declines": bool(decline[2] < 0),
+    }
+    updates = sorted(set.intersection(*(set(v) for v in zero_var.values()))) if zero_var else []
+    saturated = next((u for u in updates if np.mean([zero_var[s][u] for s in zero_var]) >= SATURATED_ZERO_VAR), None)
+    start = next((t for t in steps if saturated is not None and t >= saturated), None)
+    if start is not None and start < final and all(s in entropy for s in seeds):
+        change = mean_ci([entropy[s][final] - entropy[s][start] for s in seeds])
+        out["entropy_after_saturation"] = {"from_step": start, "mean": change[0], "ci_low": change[1],
+                                           "ci_high": change[2], "keeps_falling": bool(change[2] < 0)}
+    else:
+        out["entropy_after_saturation"] = None
+    return out
+
+
+def curve_section(curve: Mapping[str, Any] | None) -> str:
+    """Markdown: the collapse-curve tests (:func:`collapse_curve`) in plain words."""
+    if not curve:
+        return ""
+    d = curve["decline"]
+    lines = [f"Held-out success of **{curve['condition']}** peaks at update {curve['peak_step']} (chosen on seeds "
+             f"{curve['peak_seeds']}); on seeds {curve['test_seeds']} it is {curve['peak_heldout']:.3f} there and "
+             f"{curve['final_heldout']:.3f} at update {curve['final_step']}: final - peak {d['mean']:+.3f} "
+             f"[{d['ci_low']:+.3f}, {d['ci_high']:+.3f}]. **Peaks then declines: "
+             f"{'yes' if curve['peaks_then_declines'] else 'no'}.**"]
+    e = curve.get("entropy_after_saturation")
+    if e is None:
+        lines.append(f"Zero-variance groups never reached {SATURATED_ZERO_VAR:.0%} of an update (seed mean) before the "
+                     "last evaluation, so whether entropy keeps falling after the gradient stops is not tested.")
+    else:
+        lines.append(f"From update {e['from_step']} (zero-variance groups ≥ {SATURATED_ZERO_VAR:.0%}) to the end, "
+                     f"policy entropy changes {e['mean']:+.3f} nats [{e['ci_low']:+.3f}, {e['ci_high']:+.3f}]. "
+                     f"**Keeps falling: {'yes' if e['keeps_falling'] else 'no'}.**")
+    return "\n\n".join(lines)
+
+
 # ============================================================================================ markdown
 def _cell(s: Mapping[str, Any] | None, digits: int = 3) -> str:
     if s is None or not math.isfinite(s["mean"]):  # None: a summary written before the metric existed
@@ -190,11 +358,13 @@ def _cell(s: Mapping[str, Any] | None, digits: int = 3) -> str:
 
 
 def summary_table(conditions: Mapping[str, Any]) -> str:
-    """Markdown table: one row per condition, one column per :data:`SUMMARY_METRICS` (mean [95% CI])."""
-    head = "| condition | " + " | ".join(SUMMARY_METRICS.values()) + " |"
-    rows = [head, "|" + "---|" * (len(SUMMARY_METRICS) + 1)]
+    """Markdown table: one row per condition, one column per :data:`SUMMARY_METRICS` that some condition has
+    (mean [95% CI])."""
+    shown = [m for m in SUMMARY_METRICS if any(m in c["metrics"] for c in conditions.values())]
+    head = "| condition | " + " | ".join(SUMMARY_METRICS[m] for m in shown) + " |"
+    rows = [head, "|" + "---|" * (len(shown) + 1)]
     for name, cond in conditions.items():
-        rows.append(f"| {name} | " + " | ".join(_cell(cond["metrics"].get(m)) for m in SUMMARY_METRICS) + " |")
+        rows.append(f"| {name} | " + " | ".join(_cell(cond["metrics"].get(m)) for m in shown) + " |")
     return "\n".join(rows)
 
 
@@ -241,13 +411,17 @@ def render_report(summary: Mapping[str, Any], verdicts: Sequence[Verdict], plots
         "",
         summary_table(conditions),
         "",
+        convergence_note(conditions),
+        "",
         "## Verdicts",
         "",
-        "Each claim is tested with paired differences (by seed; with one seed by dialogue or update; see "
+        ("" if verdicts else f"Not judged: the claims compare {FROZEN} with the fixes ({', '.join(FIXES)}), and this "
+                             "run lacks one side. ")
+        + "Each claim is tested with paired differences (by seed; with one seed by dialogue or update; see "
         "`simpop.evaluation.report`): "
         "*reproduced* = every comparison's CI lies above 0; *not reproduced* = some comparison's mean "
         "goes the other way; *inconclusive* = the right direction without significance. "
-        + ", ".join(f"{n} {k}" for k, n in counts.items()) + ".",
+        + (", ".join(f"{n} {k}" for k, n in counts.items()) + "." if counts else ""),
         "",
         verdict_section(verdicts),
         "## How each condition's simulator is built",
@@ -255,7 +429,16 @@ def render_report(summary: Mapping[str, Any], verdicts: Sequence[Verdict], plots
     ]
     for name, cond in conditions.items():
         lines.append(f"- **{name}**: {cond['description']}")
-    lines += ["", f"- **held-out panel**: {setup['panel']}", "", "## Plots", ""]
+    lines += ["", f"- **held-out panel**: {setup['panel']}"]
+    for key, label in (("robust_panel", "robustness panel"), ("corpus_panel", "corpus panel")):
+        if setup.get(key):
+            lines.append(f"- **{label}**: {setup[key]}")
+    current = setup.get("config", {}).get("cotrain", {}).get("objective", "target")
+    for title, body in (("Co-training objectives (ablation, paired by seed)", ablation_section(conditions, current)),
+                        ("Collapse curve", curve_section(summary.get("curve")))):
+        if body:
+            lines += ["", f"## {title}", "", body]
+    lines += ["", "## Plots", ""]
     lines += [f"![{Path(p).stem}]({Path(p).name})" for p in plots]
     return "\n".join(lines) + "\n"
 
@@ -264,6 +447,8 @@ def render_report(summary: Mapping[str, Any], verdicts: Sequence[Verdict], plots
 #: (file stem, metrics.jsonl kind, metric key, y label, (low, high) range of the metric) of each plot.
 PLOTS = (
     ("heldout_success", "eval", "heldout_success", "held-out panel success", (0.0, 1.0)),
+    ("robust_success", "eval", "robust_success", "robustness-panel success", (0.0, 1.0)),
+    ("corpus_success", "eval", "corpus_success", "corpus-panel success", (0.0, 1.0)),
     ("train_success", "eval", "train_success", "training-simulator success", (0.0, 1.0)),
     ("policy_entropy", "eval", "policy_entropy", "policy entropy (nats, held-out dialogues)", (0.0, None)),
     ("zero_var_frac", "train", "zero_var_frac", "zero-variance group fraction", (0.0, 1.0)),
@@ -318,6 +503,44 @@ def plot_curves(records: Sequence[Mapping[str, Any]], out_dir: str | Path, order
         ax.legend(fontsize=8)
         fig.tight_layout()
         path = out_dir / f"{stem}.png"
+        fig.savefig(path)
+        plt.close(fig)
+        paths.append(path)
+    return paths
+
+
+def plot_per_seed(records: Sequence[Mapping[str, Any]], out_dir: str | Path, order: Sequence[str] = (),
+                  metrics: Sequence[str] = tuple(PANEL_METRICS)) -> list[Path]:
+    """Write ``<metric>_per_seed.png`` per evaluated metric: one panel per condition, a line per seed."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    paths = []
+    for metric in metrics:
+        names = list(dict.fromkeys([*order, *sorted({r["condition"] for r in records})]))
+        data = {c: _by_seed(records, c, "eval", metric) for c in names}
+        data = {c: v for c, v in data.items() if v}
+        if not data:
+            continue
+        cols = min(4, len(data))
+        rows = math.ceil(len(data) / cols)
+        fig, axes = plt.subplots(rows, cols, figsize=(3.2 * cols, 2.6 * rows), dpi=110, sharex=True, sharey=True,
+                                 squeeze=False)
+        for ax, (name, seeds) in zip(axes.flat, data.items()):
+            for seed, values in sorted(seeds.items()):
+                steps = sorted(values)
+                ax.plot(steps, [values[t] for t in steps], linewidth=0.9, alpha=0.7)
+            ax.set_title(name, fontsize=9)
+            ax.set_ylim(0.0, 1.0)
+            ax.grid(alpha=0.3)
+        for ax in list(axes.flat)[len(data):]:
+            ax.set_visible(False)
+        fig.supxlabel("policy updates", fontsize=9)
+        fig.supylabel(metric.replace("_", " ") + " (one line per seed)", fontsize=9)
+        fig.tight_layout()
+        path = Path(out_dir) / f"{metric}_per_seed.png"
         fig.savefig(path)
         plt.close(fig)
         paths.append(path)

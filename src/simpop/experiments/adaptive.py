@@ -383,7 +383,7 @@ def _worker(args: tuple[AdaptiveConfig, str, int, str, bool]) -> tuple[str, int]
 def run_adaptive(config: AdaptiveConfig, out: str | Path, resume: bool = False, progress: bool = True) -> Path:
     """Run every (condition, seed) in ``config.workers`` processes, then write the outputs; the report's path."""
     from simpop.progress import progress_bar
-    from simpop.train.config import to_dict
+    from simpop.train.config import changed_settings, to_dict
 
     out = Path(out)
     if not resume and (out / "runs").exists():
@@ -391,8 +391,11 @@ def run_adaptive(config: AdaptiveConfig, out: str | Path, resume: bool = False, 
     out.mkdir(parents=True, exist_ok=True)
     saved = to_dict(config)
     config_path = out / "config.json"
-    if resume and config_path.exists() and json.loads(config_path.read_text()) != json.loads(json.dumps(saved)):
-        raise ValueError(f"--resume with different settings than the run in {out}; use the same flags or another --out")
+    changed = changed_settings(json.loads(config_path.read_text()), config, AdaptiveConfig()) \
+        if resume and config_path.exists() else []
+    if changed:
+        raise ValueError(f"--resume with different settings ({', '.join(changed)}) than the run in {out}; use the "
+                         f"same flags or another --out")
     config_path.write_text(json.dumps(saved, indent=2))
     tasks = [(c, s) for s in config.seed_list for c in config.conditions]
     started = time.perf_counter()

@@ -41,6 +41,15 @@ training simulator in persona, decoding and model (checked by :meth:`Panel.check
   (the one embedded LLM), so it is held out by persona and decoding only (``shared_model`` in
   :meth:`Panel.check_disjoint`).
 
+**Other panels.** At the act level every evaluation also runs a *robustness panel* built by another procedure
+(:func:`robust_panel_specs`: strategy effects permuted rather than jittered, personas with uniform attributes,
+temperatures 0.7, 1.1, 1.5), and with ``corpus_panel`` a panel of persuadees fitted to a P4G corpus
+(:func:`corpus_panel_specs`). Neither is used to choose anything.
+
+**Objective ablations.** ``cotrain+<objective>`` and ``population+<objective>`` are conditions too: the same
+co-training with another :attr:`~simpop.train.cotrain.CoTrainConfig.objective` (:func:`condition_cotrain`), paired
+by seed with their base condition in the report's ablation table.
+
 **Text level** (``--level text``, ``simpop/Persuasion-v1``: every dialogue ends with an outcome, stated or
 from the closing survey): a preset sized for about an hour on two CPU cores (16 updates of 4 x 4 dialogues,
 2 persuader turns, evaluations of 16 dialogues per member at updates 0, 8 and 16, frozen and verbalized; one
@@ -69,24 +78,32 @@ import numpy as np
 
 from simpop.agents.policy import ModelConfig
 from simpop.train.cotrain import CoTrainConfig
-from simpop.train.config import to_dict
+from simpop.train.config import changed_settings, to_dict
 from simpop.train.grpo import GRPOConfig
 
 CONDITIONS = ("frozen", "verbalized", "cotrain", "population")
+#: Conditions that co-train simulators; ``cotrain+<objective>`` runs one with another objective (an ablation).
+COTRAINED = ("cotrain", "population")
 PANEL_TEMPERATURES = (0.8, 0.9, 1.2)
 #: Spread (log-scale sd) of the held-out models' parameter jitter.
 PANEL_JITTER = 0.35
+#: The robustness panel (act level): strategy-shuffled models at these temperatures playing uniform personas.
+ROBUST_PANEL_TEMPERATURES = (0.7, 1.1, 1.5)
+ROBUST_SEED = 9091
+#: The corpus panel (act level, with ``corpus_panel``): models fitted to corpus resamples, at these temperatures.
+CORPUS_PANEL_TEMPERATURES = (0.9, 1.1, 1.3)
+CORPUS_SEED = 2019
 #: Text level: LLM members added to the panel (held-out personas, these temperatures); they share the
 #: training simulators' model (the one embedded LLM), so they are held out by persona and decoding only.
 TEXT_PANEL_LLM_TEMPERATURES = (0.7,)
 ENV_IDS = {"act": "simpop/PersuasionAct-v0", "text": "simpop/Persuasion-v1"}
 #: Defaults that depend on the level (fields left at None take these).
 LEVEL_DEFAULTS: dict[str, dict[str, Any]] = {
-    "act": {"seeds": 5, "updates": 200, "eval_every": 20, "eval_episodes": 64, "max_turns": 10, "workers": 2,
-            "conditions": CONDITIONS},
+    "act": {"seeds": 12, "updates": 200, "eval_every": 20, "eval_episodes": 64, "max_turns": 10, "workers": 2,
+            "conditions": CONDITIONS, "robust_panel": True},
     # Sized to finish within an hour on two CPU cores (docs/text-collapse.md has the measured run).
     "text": {"seeds": 1, "updates": 16, "eval_every": 8, "eval_episodes": 16, "max_turns": 2, "workers": 1,
-             "conditions": ("frozen", "verbalized")},
+             "conditions": ("frozen", "verbalized"), "robust_panel": False},
 }
 
 
@@ -122,11 +139,14 @@ class CollapseConfig:
 
     Attributes:
         level: ``act`` (P4G dialogue acts, minutes on a CPU) or ``text`` (free text with LLMs).
-        seeds: Seeds per condition (the same seeds for every condition); None: act 5, text 1 (one seed: CIs
+        seeds: Seeds per condition (the same seeds for every condition); None: act 12, text 1 (one seed: CIs
             are bootstraps over the evaluation dialogues, see :mod:`simpop.evaluation.report`).
         first_seed: The first seed; seeds are ``first_seed .. first_seed + seeds - 1``.
-        conditions: Conditions to run, a subset of frozen, verbalized, cotrain, population; None: all four at
-            the act level, frozen and verbalized at the text level (what fits in an hour on two CPU cores).
+        conditions: Conditions to run, from frozen, verbalized, cotrain, population, and ablations of the co-trained
+            two, ``cotrain+<objective>`` / ``population+<objective>`` (the same condition with another
+            :attr:`CoTrainConfig.objective <simpop.train.cotrain.CoTrainConfig.objective>`, e.g.
+            ``cotrain+persona``, ``population+diverse``); None: the four at the act level, frozen and verbalized at
+            the text level (what fits in an hour on two CPU cores).
         updates: Policy updates per run (the equal budget); None: act 200, text 16.
         eval_every: Updates between evaluations (also at 0 and at the end); None: act 20, text 8.
         eval_episodes: Dialogues per panel member and on the training simulator per evaluation; None:
@@ -145,8 +165,12 @@ class CollapseConfig:
         verbalized_tau: Temperature of the verbalized renormalisation.
         verbalized_floor: Probability floor of the verbalized renormalisation.
         verbalized_k: Candidates the text-level verbalized simulator is asked for.
-        heldout_personas: Size of the held-out panel's persona set.
+        heldout_personas: Size of the held-out panel's persona set (and of the robustness panel's).
         heldout_seed: Seed of the held-out personas and models.
+        robust_panel: Also evaluate on the robustness panel (:func:`robust_panel_specs`), built by another
+            procedure than the held-out panel; None: act yes, text no (its evaluations cost LLM time).
+        corpus_panel: A P4G corpus folder (not shipped; :mod:`simpop.envs.persuasion.corpus`): also evaluate on
+            persuadees fitted to it (:func:`corpus_panel_specs`); None: no corpus panel.
         sim_model: Text level: the simulators' model (backend spec; co-training needs an in-process
             transformers model); None: the policy's model.
         workers: Parallel processes over (condition, seed) runs; None: act 2, text 1.
@@ -170,6 +194,8 @@ class CollapseConfig:
     verbalized_k: int = 5
     heldout_personas: int = 300
     heldout_seed: int = 4242
+    robust_panel: bool | None = None
+    corpus_panel: str | None = None
     sim_model: str | None = None
     workers: int | None = None
     threads: int | None = None
@@ -191,10 +217,17 @@ class CollapseConfig:
                 object.__setattr__(self, key, nested(getattr(self, key), cls, default(self.level)))
             except (TypeError, ValueError) as error:
                 need(False, f"{key}: {error}")
-        unknown = sorted(set(self.conditions) - set(CONDITIONS))
+        unknown = sorted(c for c in self.conditions if not _known_condition(c))
         need(not unknown and len(self.conditions) > 0,
-             f"conditions must be a non-empty subset of {', '.join(CONDITIONS)}; unknown: {unknown}")
+             f"conditions must be a non-empty subset of {', '.join(CONDITIONS)} or co-training ablations "
+             f"(cotrain+<objective>, population+<objective>); unknown: {unknown}")
         need(len(set(self.conditions)) == len(self.conditions), "conditions must not repeat")
+        for condition in self.conditions:
+            if condition.partition("+")[0] in COTRAINED:
+                try:
+                    condition_cotrain(condition, self.cotrain)
+                except ValueError as error:
+                    need(False, f"condition {condition}: {error}")
         for key in ("seeds", "updates", "eval_every", "eval_episodes", "max_turns", "heldout_personas", "workers",
                     "verbalized_k"):
             need(getattr(self, key) >= 1, f"{key} must be >= 1, got {getattr(self, key)}")
@@ -204,6 +237,9 @@ class CollapseConfig:
              f"verbalized_tau must be > 0 and verbalized_floor in [0, 1); got {self.verbalized_tau}, "
              f"{self.verbalized_floor}")
         need(self.threads is None or self.threads >= 1, f"threads must be >= 1 or None, got {self.threads}")
+        if self.corpus_panel is not None:
+            need(Path(self.corpus_panel).is_dir(), f"corpus_panel {self.corpus_panel}: no such folder")
+            object.__setattr__(self, "corpus_panel", str(Path(self.corpus_panel).resolve()))
 
     @property
     def env_id(self) -> str:
@@ -222,24 +258,49 @@ class CollapseConfig:
         return {"max_turns": self.max_turns}
 
 
+def _known_condition(condition: str) -> bool:
+    from simpop.train.cotrain import OBJECTIVES
+
+    base, plus, objective = condition.partition("+")
+    return base in CONDITIONS and (not plus or (base in COTRAINED and objective in OBJECTIVES))
+
+
+def condition_cotrain(condition: str, cotrain: CoTrainConfig) -> CoTrainConfig:
+    """The co-training settings of ``condition``: population co-training as configured; ``cotrain`` the same with
+    K = 1 and no pool; a ``+<objective>`` suffix replaces the objective (``+diverse`` also prunes the pool's most
+    redundant snapshot instead of its oldest; raises ValueError where it cannot run)."""
+    base, _, objective = condition.partition("+")
+    changes: dict[str, Any] = {"objective": objective} if objective else {}
+    if objective == "diverse":  # a population kept apart keeps distinct snapshots in its pool too
+        changes["pool_prune"] = "redundant"
+    if base == "cotrain":
+        changes.update(population_size=1, pool_size=0, pool_sample_prob=0.0)
+    config = dataclasses.replace(cotrain, **changes)
+    if config.objective == "diverse" and config.population_size < 2:
+        raise ValueError("objective 'diverse' pushes population members apart: run it as population+diverse "
+                         "(population_size >= 2)")
+    return config
+
+
 # ============================================================================================ specs
 def simulator_specs(condition: str, config: CollapseConfig) -> dict[str, str]:
     """Name -> spec of each training simulator of ``condition`` (the module docstring describes them)."""
-    k = config.cotrain.population_size if condition == "population" else 1
+    k = condition_cotrain(condition, config.cotrain).population_size if condition.partition("+")[0] in COTRAINED else 1
     if config.level == "act":
         return {
             "frozen": {"frozen-modal-greedy": "persuadee?decoding=greedy&personas=modal"},
             "verbalized": {"verbalized": f"verbalized:persuadee?temperature=1.0&floor={config.verbalized_floor!r}"
                                          f"&tau={config.verbalized_tau!r}"},
-        }.get(condition) or {f"{condition}-{i}": "trainable:persuadee?temperature=1.0" for i in range(k)}
+        }.get(condition) or {f"{condition.partition('+')[0]}-{i}": "trainable:persuadee?temperature=1.0"
+                             for i in range(k)}
     model, tokens = config.sim_model or config.model.model, config.grpo.max_new_tokens
     return {
         "frozen": {"frozen-modal-greedy": f"frozen:{model}?max_new_tokens={tokens}&personas=modal"},
         "verbalized": {"verbalized": f"verbalized:{model}?k={config.verbalized_k}&tau={config.verbalized_tau!r}"
                                      f"&floor={config.verbalized_floor!r}&max_new_tokens={max(64, 8 * tokens)}"
                                      f"&fallback_max_new_tokens={tokens}"},
-    }.get(condition) or {f"{condition}-{i}": f"trainable:{model}?temperature=1.0&max_new_tokens={tokens}"
-                         for i in range(k)}
+    }.get(condition) or {f"{condition.partition('+')[0]}-{i}": f"trainable:{model}?temperature=1.0"
+                                                                f"&max_new_tokens={tokens}" for i in range(k)}
 
 
 def panel_specs(config: CollapseConfig) -> dict[str, str]:
@@ -253,6 +314,35 @@ def panel_specs(config: CollapseConfig) -> dict[str, str]:
         members.update({f"llm-heldout-T{t:g}": f"frozen:{model}?temperature={t!r}&personas={personas}"
                                                f"&max_new_tokens={tokens}" for t in TEXT_PANEL_LLM_TEMPERATURES})
     return members
+
+
+def robust_panel_specs(config: CollapseConfig) -> dict[str, str]:
+    """Name -> spec of each robustness panel member: built by another procedure than :func:`panel_specs` (strategy
+    effects permuted rather than jittered, :func:`~simpop.envs.persuasion.simulators.model_params`; personas with
+    uniform attributes rather than from the population sampler; other temperatures)."""
+    personas = f"uniform-{config.heldout_personas}-{ROBUST_SEED}"
+    return {f"shuffled-{i}-T{t:g}": f"persuadee:shuffled-{i}?temperature={t!r}&personas={personas}"
+                                    f"&model_seed={ROBUST_SEED}"
+            for i, t in enumerate(ROBUST_PANEL_TEMPERATURES)}
+
+
+def corpus_panel_specs(config: CollapseConfig) -> dict[str, str]:
+    """Name -> spec of each corpus panel member: persuadees fitted to bootstrap resamples of the corpus in
+    ``config.corpus_panel`` (``persuadee:fitted-<i>``), playing its real persuadees' personas."""
+    corpus = config.corpus_panel
+    return {f"fitted-{i}-T{t:g}": f"persuadee:fitted-{i}?corpus={corpus}&personas=corpus&temperature={t!r}"
+                                  f"&model_seed={CORPUS_SEED}"
+            for i, t in enumerate(CORPUS_PANEL_TEMPERATURES)}
+
+
+def extra_panels(config: CollapseConfig) -> dict[str, dict[str, str]]:
+    """The panels evaluated besides the held-out one (name -> member specs): ``robust``, ``corpus``."""
+    panels = {}
+    if config.robust_panel:
+        panels["robust"] = robust_panel_specs(config)
+    if config.corpus_panel:
+        panels["corpus"] = corpus_panel_specs(config)
+    return panels
 
 
 def shared_model_members(config: CollapseConfig) -> list[str]:
@@ -289,17 +379,17 @@ def build_trainer(condition: str, config: CollapseConfig, seed: int, env: Any,
                             simulator_backends(config) if backends is None else backends)
     if condition in ("frozen", "verbalized"):
         return GRPOTrainer(config.env_id, policy, simulators[0], grpo, env_kwargs=config.env_kwargs())
-    cotrain = config.cotrain if condition == "population" else dataclasses.replace(
-        config.cotrain, population_size=1, pool_size=0, pool_sample_prob=0.0)
     return CoTrainer(GRPOTrainer(config.env_id, policy, None, grpo, env_kwargs=config.env_kwargs()), simulators,
-                     cotrain)
+                     condition_cotrain(condition, config.cotrain))
 
 
-def build_panel(config: CollapseConfig, env: Any, backends: dict[str, Any] | None = None):
-    """The held-out :class:`~simpop.simulators.population.Panel` (same for every condition and seed)."""
+def build_panel(config: CollapseConfig, env: Any, backends: dict[str, Any] | None = None, name: str = "heldout"):
+    """The held-out :class:`~simpop.simulators.population.Panel` (same for every condition and seed), or the
+    :func:`extra_panels` one called ``name``."""
     from simpop.simulators.registry import load_panel
 
-    return load_panel({"name": "p4g-heldout", "members": panel_specs(config)}, env,
+    members = panel_specs(config) if name == "heldout" else extra_panels(config)[name]
+    return load_panel({"name": f"p4g-{name}", "members": members}, env,
                       simulator_backends(config) if backends is None else backends)
 
 
@@ -329,14 +419,26 @@ def run_one(config: CollapseConfig, condition: str, seed: int, out: Path, resume
         trainer = build_trainer(condition, config, seed, env, backends)
         panel = build_panel(config, env, backends)
         panel.check_disjoint([trainer.training_simulator], shared_model=shared_model_members(config))
+        extras = {name: build_panel(config, env, backends, name) for name in extra_panels(config)}
+        for extra in extras.values():
+            extra.check_disjoint([trainer.training_simulator])
         eval_seed = 1_000_003 + seed  # the same dialogues at every evaluation, for every condition
 
         def evaluation(step: int) -> dict[str, Any]:
+            from simpop.evaluation.panel import evaluate
+
             record, held, train = evaluate_run(config.env_id, trainer, panel, config.eval_episodes, eval_seed,
                                                config.env_kwargs())
             # per dialogue, in a fixed order (the same scenarios and seeds at every evaluation)
-            return {**record, "heldout_outcomes": [int(r.success) for r in held.records],
-                    "train_outcomes": [int(r.success) for r in train.records]}
+            record = {**record, "heldout_outcomes": [int(r.success) for r in held.records],
+                      "train_outcomes": [int(r.success) for r in train.records]}
+            for name, extra in extras.items():
+                result = evaluate(config.env_id, trainer.policy, extra, config.eval_episodes, eval_seed,
+                                  config.env_kwargs())
+                record.update({f"{name}_success": result.success,
+                               f"{name}_outcomes": [int(r.success) for r in result.records],
+                               **{f"{name}/{k}": v for k, v in result.per_member.items()}})
+            return record
 
         loop = LoopConfig(save_every=config.eval_every, keep_checkpoints=2, eval_every=config.eval_every,
                           tensorboard=False)
@@ -379,7 +481,7 @@ def read_records(out: Path, config: Any) -> list[dict[str, Any]]:
 def summarise(records: Sequence[dict[str, Any]], config: CollapseConfig, descriptions: dict[str, str],
               wall_time_s: float) -> dict[str, Any]:
     """``summary.json``: per condition, final and initial values with mean and 95% CI over seeds."""
-    from simpop.evaluation.report import judge_claims, stat
+    from simpop.evaluation.report import collapse_curve, judge_claims, judged, stat
 
     conditions: dict[str, Any] = {}
     for condition in config.conditions:
@@ -398,10 +500,15 @@ def summarise(records: Sequence[dict[str, Any]], config: CollapseConfig, descrip
                    "initial_train_success": first["train_success"],
                    "initial_heldout_success": first["heldout_success"],
                    "initial_policy_entropy": first["policy_entropy"],
-                   "train_rise": _rise([r["success"] for r in trains])}
+                   "train_rise": _rise([r["success"] for r in trains]),
+                   "late_change": late_change([r["success"] for r in trains])}
+            for name in extra_panels(config):
+                row.update({f"{name}_success": last[f"{name}_success"],
+                            f"initial_{name}_success": first[f"{name}_success"]})
             for key, value in row.items():
                 values.setdefault(key, []).append(float(value))
             units = {"train_success": [last.get("train_outcomes")], "heldout_success": [last.get("heldout_outcomes")],
+                     **{f"{name}_success": [last.get(f"{name}_outcomes")] for name in extra_panels(config)},
                      "collapse_gap": [last.get("train_outcomes"), last.get("heldout_outcomes")],
                      "initial_train_success": [first.get("train_outcomes")],
                      "initial_heldout_success": [first.get("heldout_outcomes")],
@@ -418,12 +525,16 @@ def summarise(records: Sequence[dict[str, Any]], config: CollapseConfig, descrip
         "setup": {"level": config.level, "env_id": config.env_id, "seeds": config.seed_list, "updates": config.updates,
                   "batch_size": config.grpo.batch_size, "eval_every": config.eval_every,
                   "eval_episodes": config.eval_episodes, "panel": panel_description(config),
+                  "robust_panel": robust_panel_description(config) if config.robust_panel else None,
+                  "corpus_panel": corpus_panel_description(config) if config.corpus_panel else None,
                   "config": to_dict(config)},
         "wall_time_s": wall_time_s,
         "conditions": conditions,
     }
-    if "frozen" in conditions:
+    if judged(conditions):
         summary["claims"] = [v.to_dict() for v in judge_claims(conditions)]
+    if "frozen" in conditions:
+        summary["curve"] = collapse_curve(records, "frozen")
     return summary
 
 
@@ -431,6 +542,15 @@ def _halves(values: Sequence[float]) -> list[list[float]]:
     """The second half and the first half of a run's per-update values (an odd middle one in neither)."""
     half = len(values) // 2
     return [list(values[len(values) - half:]), list(values[:half])]
+
+
+def late_change(values: Sequence[float]) -> float:
+    """Convergence check of a run's per-update training success: the mean over its last 10% of updates minus the
+    mean over the 10% before (|change| <= :data:`~simpop.evaluation.report.CONVERGED_CHANGE`: flat)."""
+    tenth = max(1, len(values) // 10)
+    if len(values) < 2 * tenth or not values:
+        return math.nan
+    return float(np.mean(values[-tenth:]) - np.mean(values[-2 * tenth:-tenth]))
 
 
 def _rise(values: Sequence[float]) -> float:
@@ -455,8 +575,52 @@ def panel_description(config: CollapseConfig) -> str:
     return text
 
 
+def robust_panel_description(config: CollapseConfig) -> str:
+    """The robustness panel, for the report."""
+    return ("three native persuadee models whose persuasive strategies' effects and persona modulations are "
+            "permuted among the strategies (which strategy works is reassigned, not perturbed), recalibrated to the "
+            "corpus donor rate, sampled at temperatures " + ", ".join(f"{t:g}" for t in ROBUST_PANEL_TEMPERATURES)
+            + f", playing {config.heldout_personas} personas whose every attribute is uniform over its values (not "
+              "the population sampler's marginals): built by another procedure than the held-out panel")
+
+
+def corpus_panel_description(config: CollapseConfig) -> str:
+    """The corpus panel, for the report."""
+    return ("three native persuadee models fitted to bootstrap resamples of the P4G corpus in "
+            f"{config.corpus_panel} (response acts from its annotated dialogues, strategy effects by logistic "
+            "regression, calibrated to the resample's donor rate and mean donation), sampled at temperatures "
+            + ", ".join(f"{t:g}" for t in CORPUS_PANEL_TEMPERATURES) + ", playing the corpus's real persuadees")
+
+
 def descriptions(config: CollapseConfig) -> dict[str, str]:
     """How each condition's training simulator is built, for the report."""
+    base = _base_descriptions(config)
+    out = {}
+    for condition in config.conditions:
+        name, _, objective = condition.partition("+")
+        text = base[name]
+        if name in COTRAINED:
+            text += "; " + _objective_description(condition_cotrain(condition, config.cotrain))
+        out[condition] = text
+    return out
+
+
+def _objective_description(co: CoTrainConfig) -> str:
+    """The simulators' objective in words (:mod:`simpop.train.cotrain` defines them)."""
+    return {
+        "target": "objective target",
+        "persona": "objective persona: the same outcome term on the persona sampler's logits (which personas it "
+                   "plays), its reply model fixed",
+        "realism": f"objective realism: target plus {co.realism_coef:g} x the NLL of the reference corpus's persuadee "
+                   f"acts given its persuader acts ({co.reference_data})",
+        "adversarial": f"objective adversarial: lowers the policy's success, plus {co.realism_coef:g} x the reference "
+                       f"corpus NLL ({co.reference_data})",
+        "diverse": f"objective diverse: target minus {co.diversity_coef:g} x the mean KL between members' reply "
+                   f"distributions; a full pool drops its {co.pool_prune} snapshot",
+    }[co.objective]
+
+
+def _base_descriptions(config: CollapseConfig) -> dict[str, str]:
     co = config.cotrain
     if config.level == "act":
         base = "the native act-level persuadee (calibrated default parameters)"
@@ -487,7 +651,7 @@ def descriptions(config: CollapseConfig) -> dict[str, str]:
 
 def write_outputs(out: Path, config: CollapseConfig, wall_time_s: float) -> Path:
     """Merge run metrics into ``metrics.jsonl``; write ``summary.json``, plots and ``report.md``."""
-    from simpop.evaluation.report import judge_claims, plot_curves, render_report
+    from simpop.evaluation.report import judge_claims, judged, plot_curves, plot_per_seed, render_report
 
     records = read_records(out, config)
     with (out / "metrics.jsonl").open("w") as f:
@@ -495,8 +659,8 @@ def write_outputs(out: Path, config: CollapseConfig, wall_time_s: float) -> Path
             f.write(json.dumps(record, sort_keys=True) + "\n")
     summary = summarise(records, config, descriptions(config), wall_time_s)
     (out / "summary.json").write_text(json.dumps(summary, indent=2, default=_json_default))
-    plots = plot_curves(records, out, order=config.conditions)
-    verdicts = judge_claims(summary["conditions"]) if "frozen" in summary["conditions"] else []
+    plots = plot_curves(records, out, order=config.conditions) + plot_per_seed(records, out, order=config.conditions)
+    verdicts = judge_claims(summary["conditions"]) if judged(summary["conditions"]) else []
     report = out / "report.md"
     report.write_text(render_report(summary, verdicts, [str(p) for p in plots]))
     return report
@@ -530,8 +694,7 @@ def run_collapse(config: CollapseConfig, out: str | Path, resume: bool = False, 
     config_path = out / "config.json"
     saved = to_dict(config)
     if resume and config_path.exists():
-        previous = json.loads(config_path.read_text())
-        changed = sorted(k for k in saved if previous.get(k) != saved[k])  # a field added since reads as None
+        changed = changed_settings(json.loads(config_path.read_text()), config, CollapseConfig(level=config.level))
         if changed:
             raise ValueError(f"--resume with different settings ({', '.join(changed)}) than the run in {out}; "
                              f"resume with the same flags or use another --out")

@@ -330,7 +330,8 @@ class CheckpointPool(Population):
     """A bounded pool of frozen snapshots of one trainable simulator, sampled toward recent ones.
 
     The newest snapshot has weight 1, the one before ``recency``, then ``recency**2`` ... (``recency``
-    = 1 samples uniformly). When the pool is full, adding a snapshot drops the oldest.
+    = 1 samples uniformly). When the pool is full, adding a snapshot drops the oldest (or the entry the caller
+    names, e.g. the co-trainer's most redundant one).
 
     Args:
         max_size: Snapshots kept.
@@ -346,15 +347,18 @@ class CheckpointPool(Population):
         super().__init__([], rule="weighted", min_probability=0.0, name=name)
         self.max_size, self.recency = max_size, recency
 
-    def add_snapshot(self, simulator: Simulator, step: int) -> Simulator:
-        """Freeze ``simulator`` (its ``snapshot()``, else a deep copy) as of ``step`` and add it."""
+    def add_snapshot(self, simulator: Simulator, step: int, evict: int = 0) -> Simulator:
+        """Freeze ``simulator`` (its ``snapshot()``, else a deep copy) as of ``step`` and add it; a full pool first
+        drops its entry at index ``evict`` (default the oldest)."""
         frozen = simulator.snapshot() if isinstance(simulator, Snapshottable) else copy.deepcopy(simulator)
         if frozen is simulator:
             raise ValueError(f"{type(simulator).__name__}.snapshot() returned the simulator itself; "
                              f"it must return a frozen copy")
         frozen.name = f"{simulator.name}@{step}"
         if len(self._entries) == self.max_size:
-            del self._entries[0]
+            if not 0 <= evict < len(self._entries):
+                raise IndexError(f"evict={evict} is not an entry of a pool of {len(self._entries)}")
+            del self._entries[evict]
         self.add(frozen)
         return frozen
 

@@ -243,6 +243,28 @@ def to_dict(config: Any) -> dict[str, Any]:
     return {f.name: _plain(getattr(config, f.name)) for f in dataclasses.fields(config)}
 
 
+def changed_settings(saved: dict[str, Any], current: Any, default: Any) -> list[str]:
+    """Dotted names of the settings in which config ``current`` differs from ``saved`` (a :func:`to_dict` of an
+    earlier run's config). A setting ``saved`` lacks (a field added since) counts as changed only if ``current``
+    moves it off ``default``'s value (a config built with the defaults), which earlier runs behaved as."""
+    def flat(value: Any, prefix: str = "") -> dict[str, Any]:
+        if not isinstance(value, dict):
+            return {prefix: value}
+        return {k: v for key, item in value.items() for k, v in flat(item, f"{prefix}{key}.").items()} \
+            if value else {prefix: value}
+
+    old, new, base = flat(saved), flat(json_ready(to_dict(current))), flat(json_ready(to_dict(default)))
+    return sorted(k.rstrip(".") for k in new.keys() | old.keys()
+                  if (old[k] if k in old else base.get(k)) != new.get(k))
+
+
+def json_ready(value: Any) -> Any:
+    """``value`` as it reads back from JSON (tuples become lists)."""
+    import json
+
+    return json.loads(json.dumps(value))
+
+
 def _plain(value: Any) -> Any:
     if dataclasses.is_dataclass(value):
         return to_dict(value)

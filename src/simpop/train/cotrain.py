@@ -12,7 +12,8 @@ One co-training update:
    any GRPO variant).
 3. **Simulators**: each trainable simulator ``k`` takes ``sim_epochs`` optimiser steps on the
    dialogues it drove itself (its own records, :mod:`simpop.simulators.trainable`).
-4. Every ``snapshot_every`` updates, each trainable simulator's snapshot joins the pool.
+4. Every ``snapshot_every`` updates, each trainable simulator's snapshot joins the pool (a full pool drops its
+   oldest snapshot, or with ``pool_prune="redundant"`` its most redundant one).
 
 **The simulator objective (binary success).** A GRPO group only carries signal when its outcomes
 differ, and a binary outcome's variance ``p (1 - p)`` is largest at ``p = 1/2``. So simulator ``k``
@@ -140,11 +141,16 @@ class CoTrainConfig:
             trainable simulators; must be 0 without a pool and < 1 with one.
         pool_recency: Sampling weight decay per step of snapshot age inside the pool, in (0, 1].
         snapshot_every: Updates between snapshots of the trainable simulators into the pool.
+        pool_prune: Which snapshot leaves a full pool: ``oldest``, or ``redundant``: the one whose reply
+            distribution is nearest another snapshot's (or the newcomer's), by symmetrised KL on the states of the
+            latest batch's dialogues (simulators must be :class:`Divergent`), so the pool keeps distinct behaviours.
         objective: The simulators' objective, one of :data:`OBJECTIVES` (module docstring).
-        realism_coef: Weight λ of the realism anchor (objectives ``realism`` and ``adversarial``); > 0 there.
+        realism_coef: Weight λ of the realism anchor; acts only under objectives ``realism`` and
+            ``adversarial`` (> 0 there). The default 0.1 was fixed before the objectives were compared.
         reference_data: Where the realism anchor's reference dialogues are (benchmark-specific; the P4G
             persuadee reads a corpus directory, :func:`~simpop.envs.persuasion.corpus.load_corpus`).
-        diversity_coef: Weight γ of the diversity term (objective ``diverse``); > 0 there.
+        diversity_coef: Weight γ of the diversity term; acts only under objective ``diverse`` (> 0 there).
+            The default 0.05 was fixed before the objectives were compared.
         sim_generator: When the policy generates on vLLM (``ModelConfig.generator``), the LLM simulators do too:
             each serves its LoRA adapter on the policy's server under its own versioned name (``sim0@v3``),
             synced after each of its updates (module docstring, "Generation on vLLM"). They must share the
@@ -161,10 +167,11 @@ class CoTrainConfig:
     pool_sample_prob: float = 0.0
     pool_recency: float = 0.7
     snapshot_every: int = 5
+    pool_prune: Literal["oldest", "redundant"] = "oldest"
     objective: Objective = "target"
-    realism_coef: float = 0.0
+    realism_coef: float = 0.1
     reference_data: str | None = None
-    diversity_coef: float = 0.0
+    diversity_coef: float = 0.05
     sim_generator: bool = True
 
     def __post_init__(self) -> None:
@@ -188,6 +195,8 @@ class CoTrainConfig:
              "a pool is only sampled with pool_sample_prob > 0: set it (e.g. 0.25) or pool_size=0")
         need(0 < self.pool_recency <= 1, f"pool_recency must be in (0, 1], got {self.pool_recency}")
         need(self.snapshot_every >= 1, f"snapshot_every must be >= 1, got {self.snapshot_every}")
+        need(self.pool_prune in ("oldest", "redundant"),
+             f"pool_prune must be oldest or redundant, got {self.pool_prune!r}")
         need(self.objective in OBJECTIVES, f"objective must be one of {', '.join(OBJECTIVES)}, got {self.objective!r}")
         need(math.isfinite(self.realism_coef) and self.realism_coef >= 0,
              f"realism_coef must be >= 0, got {self.realism_coef}")
@@ -197,10 +206,7 @@ class CoTrainConfig:
         need(not realism or (self.realism_coef > 0 and self.reference_data),
              f"objective {self.objective!r} needs a realism anchor: realism_coef > 0 and reference_data (the "
              f"reference dialogues, e.g. a P4G corpus directory)")
-        need(realism or self.realism_coef == 0,
-             f"realism_coef only acts with objective realism or adversarial, not {self.objective!r}")
-        need((self.objective == "diverse") == (self.diversity_coef > 0),
-             "objective 'diverse' needs diversity_coef > 0, and diversity_coef acts only with it")
+        need(self.objective != "diverse" or self.diversity_coef > 0, "objective 'diverse' needs diversity_coef > 0")
 
 
 def simulator_objective(successes: Sequence[float], target: float = 0.5) -> float:
@@ -220,11 +226,10 @@ def simulator_advantages(successes: Sequence[float], target: float = 0.5, object
     return 2.0 * (target - mean) * (s - mean)
 
 
-def _require(simulators: Sequence[Any], protocol: type, objective: str) -> None:
+def _require(simulators: Sequence[Any], protocol: type, what: str) -> None:
     missing = [s.name for s in simulators if not isinstance(s, protocol)]
     if missing:
-        raise TypeError(f"objective {objective!r} needs simulators that are {protocol.__name__}; "
-                        f"{', '.join(missing)} are not")
+        raise TypeError(f"{what} needs simulators that are {protocol.__name__}; {', '.join(missing)} are not")
 
 
 def training_population(simulators: Sequence[Trainable], config: CoTrainConfig,
@@ -295,17 +300,19 @@ class CoTrainer:
     def _prepare_objective(self) -> list[int]:
         """Check the simulators support the objective and set them up for it; reference dialogues per simulator."""
         objective = self.config.objective
+        if self.config.pool_prune == "redundant" and self.config.pool_size:
+            _require(self.simulators, Divergent, "pool_prune 'redundant'")
         if objective == "persona":
-            _require(self.simulators, PersonaTrainable, objective)
+            _require(self.simulators, PersonaTrainable, f"objective {objective!r}")
             for sim in self.simulators:
                 sim.use_persona_sampler()  # type: ignore[attr-defined]
         if objective == "diverse":
-            _require(self.simulators, Divergent, objective)
+            _require(self.simulators, Divergent, f"objective {objective!r}")
             if len(self.simulators) < 2:
                 raise ValueError("objective 'diverse' pushes population members apart: it needs population_size >= 2")
         if objective not in ("realism", "adversarial"):
             return []
-        _require(self.simulators, RealismAnchored, objective)
+        _require(self.simulators, RealismAnchored, f"objective {objective!r}")
         path = self.config.reference_data
         sizes = [sim.load_reference(path) for sim in self.simulators]  # type: ignore[attr-defined]
         if min(sizes) == 0:
@@ -398,11 +405,11 @@ class CoTrainer:
                 policy_gradient = -(advantages.to(scores.logprob.dtype) * scores.logprob).mean()
                 kl = scores.kl.mean()
                 loss = policy_gradient + c.sim_kl_coef * kl
-                if c.realism_coef > 0:
+                if c.objective in ("realism", "adversarial"):
                     realism = sim.reference_nll()  # type: ignore[attr-defined]
                     loss = loss + c.realism_coef * realism
                     logs["sim_realism_nll"].append(float(realism.detach()))
-                if c.diversity_coef > 0:
+                if c.objective == "diverse":
                     divergence = torch.stack([sim.divergence(o, episodes) for o in others]).mean()  # type: ignore
                     loss = loss - c.diversity_coef * divergence
                     logs["sim_divergence"].append(float(divergence.detach()))
@@ -436,11 +443,28 @@ class CoTrainer:
         frozen = self.simulators[index].snapshot()  # type: ignore[attr-defined]
         frozen.load_state_dict(state)
         before = self.pool.members
-        self.pool.add_snapshot(frozen, step)
+        evict = 0
+        if len(before) == self.config.pool_size:
+            evict = self._most_redundant(before, frozen) if self.config.pool_prune == "redundant" else 0
+            del self._snapshots[evict]
+        self.pool.add_snapshot(frozen, step, evict=evict)
         for evicted in (m for m in before if all(m is not kept for kept in self.pool.members)):
             if getattr(evicted, "generator", None) is not None:  # its adapter leaves the vLLM server too
                 evicted.generator.release()  # type: ignore[attr-defined]
-        self._snapshots = (self._snapshots + [(index, step, state)])[-self.config.pool_size:]
+        self._snapshots.append((index, step, state))
+
+    def _most_redundant(self, snapshots: Sequence[Any], new: Any) -> int:
+        """Index of the pool snapshot nearest to another one or to ``new`` (symmetrised reply-distribution KL on the
+        states of the latest batch's dialogues); the oldest on ties, and 0 without dialogues."""
+        episodes = [e for sim in self.simulators for e in sim.episodes]  # type: ignore[attr-defined]
+        if not episodes:
+            return 0
+        candidates = [*snapshots, new]
+        with torch.no_grad():
+            distance = [[0.0 if i == j else float(a.divergence(b, episodes) + b.divergence(a, episodes))
+                         for j, b in enumerate(candidates)] for i, a in enumerate(candidates)]
+        nearest = [min(d for j, d in enumerate(row) if j != i) for i, row in enumerate(distance[:-1])]
+        return int(np.argmin(nearest))
 
     def state_dict(self) -> dict[str, Any]:
         """Policy trainer, simulators, their optimisers, the pool's snapshots and the update counter."""

@@ -121,3 +121,43 @@ def test_skipped_dialogues_are_named(small, caplog):
     assert corpus.skipped == 1 and gone not in {d.id for d in corpus.dialogues}
     warning = " ".join(r.getMessage() for r in caplog.records)
     assert gone in warning and "'B6'" in warning
+
+
+def test_donations_above_the_task_payment_are_skipped_and_named(small, caplog):
+    """The real full_info.csv has 35 persuadees with B6 above the $2 task payment (50, 100, up to 700)."""
+    complete = load_corpus(small)
+    info = small / "full_info.csv"
+    rows = _rows(info)
+    donors = [d.id for d in complete.dialogues if d.donated]
+    outliers = donors[:2]
+    for dialogue_id, value in zip(outliers, ("50", "700")):
+        _persuadee_row(rows, dialogue_id)[rows[0].index("B6")] = value
+    _persuadee_row(rows, donors[2])[rows[0].index("B6")] = "2"  # the whole payment is allowed
+    _write(info, rows)
+    with caplog.at_level(logging.WARNING, logger="simpop.envs.persuasion.corpus"):
+        corpus = load_corpus(small)
+    assert corpus.skipped == 2 and not set(outliers) & {d.id for d in corpus.dialogues}
+    assert max(d.donation for d in corpus.dialogues) == 2.0
+    warning = " ".join(r.getMessage() for r in caplog.records)
+    assert all(i in warning for i in outliers) and "more than the task's $2" in warning
+    fit_params(corpus)  # fits: the mean donation per donor is within the amount levels again
+
+
+def test_strategy_effects_converge_without_overflow_on_separable_data():
+    """Donors are exactly those who heard more credibility than logical appeals: the undamped Newton iteration
+    (before the fix) overflowed here, as on the real corpus; the damped one stays finite and finds the sign."""
+    from types import SimpleNamespace
+
+    from simpop.envs.persuasion.acts import STRATEGIES
+    from simpop.envs.persuasion.corpus import Utterance, strategy_effects
+    from simpop.envs.persuasion.model import PersuadeeParams
+
+    rng = np.random.default_rng(0)
+    dialogues = []
+    for _ in range(60):
+        counts = rng.integers(0, 16, size=len(STRATEGIES)) * (rng.random(len(STRATEGIES)) < 0.3)
+        utterances = tuple(Utterance(t, "persuader", "", (s,)) for s, n in zip(STRATEGIES, counts) for t in range(n))
+        dialogues.append(SimpleNamespace(utterances=utterances, donated=bool(counts[2] > counts[0])))
+    with np.errstate(over="raise", invalid="raise"):
+        effects = strategy_effects(dialogues, np.array(PersuadeeParams().act_effects[:len(STRATEGIES)]))
+    assert np.all(np.isfinite(effects)) and effects[2] > 1.0 and effects[0] < 0

@@ -8,11 +8,11 @@ import dataclasses
 import numpy as np
 import pytest
 
-from simpop.envs.persuasion.acts import PERSUADER_ACTS
+from simpop.envs.persuasion.acts import PERSUADER_ACTS, STRATEGIES
 from simpop.envs.persuasion.env import PersuasionActEnv, PersuasionEnv
 from simpop.envs.persuasion.model import (CORPUS_DONOR_RATE, CORPUS_MEAN_DONATION, PersuadeeParams,
                                           asked_inclinations, expected_outcomes)
-from simpop.envs.persuasion.personas import modal_persona
+from simpop.envs.persuasion.personas import PersonaSampler, modal_persona
 from simpop.envs.persuasion.simulators import ActPersuadee, TextPersuadee, model_params
 from simpop.seat import SimulatorSpec
 from simpop.simulators.population import Panel, Population
@@ -46,10 +46,11 @@ def test_the_persuadee_kind_needs_an_env_and_valid_names():
         build_simulator("persuadee")
     env = PersuasionActEnv()
     for model in ["heldout", "heldout-x", "heldout-", "gpt2", "base-1"]:
-        with pytest.raises(ValueError, match=f"unknown persuadee model '{model}'; use base or heldout-<i>"):
+        with pytest.raises(ValueError, match=f"unknown persuadee model '{model}'; use base, heldout-<i>"):
             build_simulator(f"persuadee:{model}", env=env)
-    for personas in ["nope", "heldout-0-1", "heldout-x-1", "heldout-5", "heldout-5-1-2", "modal-1"]:
-        with pytest.raises(ValueError, match=f"unknown P4G persona set '{personas}'; use modal, heldout or "
+    for personas in ["nope", "heldout-0-1", "heldout-x-1", "heldout-5", "heldout-5-1-2", "modal-1", "uniform-0-1",
+                     "uniform-5"]:
+        with pytest.raises(ValueError, match=f"unknown P4G persona set '{personas}'; use modal, heldout, "
                                              "heldout-<n>-<seed>"):
             build_simulator(f"persuadee?personas={personas}", env=env)
     with pytest.raises(ValueError, match="decoding must be one of"):
@@ -80,8 +81,42 @@ def test_heldout_models_differ_from_base_and_each_other_and_are_calibrated():
     assert len({s.model.params for s in sims}) == 3
     # The jitter and its seed are parameters of the model (and of its spec).
     other = build_simulator("persuadee:heldout-0?personas=heldout&model_seed=7&jitter=0.1", env=env)
-    assert other.model.params != sims[0].model.params and dict(other.spec.extra) == {"jitter": 0.1, "model_seed": 7}
+    assert other.model.params != sims[0].model.params
+    assert dict(other.spec.extra) == {"jitter": 0.1, "model_seed": 7, "corpus": ""}
     assert SimulatorSpec.parse(str(other.spec)) == other.spec
+
+
+def test_shuffled_models_reassign_which_strategy_works_and_are_calibrated():
+    env = PersuasionActEnv()
+    base = PersuadeeParams()
+    personas = list(env.persona_set("uniform-300-9"))
+    strategies = [PERSUADER_ACTS.index(a) for a in STRATEGIES]
+    others = [i for i in range(len(PERSUADER_ACTS)) if i not in strategies]
+    models = [model_params(f"shuffled-{i}", personas, seed=9) for i in range(4)]
+    for params in models:
+        for name in ("act_effects", "modulation"):
+            new, old = getattr(params, name), getattr(base, name)
+            # a permutation of the strategies' entries (the same one for both fields), other acts unchanged
+            assert sorted(new[i] for i in strategies) == sorted(old[i] for i in strategies)
+            assert [new[i] for i in others] == [old[i] for i in others]
+        assert params.act_effects != base.act_effects and params.trait_weights == base.trait_weights
+        rate, _ = expected_outcomes(params, asked_inclinations(params, personas, np.random.default_rng(1)))
+        assert rate == pytest.approx(CORPUS_DONOR_RATE, abs=0.03)
+    assert len({m.act_effects for m in models}) == 4 and models[0] == model_params("shuffled-0", personas, seed=9)
+    sim = build_simulator("persuadee:shuffled-1?temperature=1.5&personas=uniform-300-9&model_seed=9", env=env)
+    assert sim.model.params == models[1] and SimulatorSpec.parse(str(sim.spec)) == sim.spec
+
+
+def test_uniform_persona_set_spreads_every_attribute_evenly():
+    env = PersuasionActEnv()
+    uniform, heldout = env.persona_set("uniform-3000-5"), env.persona_set("heldout-3000-5")
+    assert not set(uniform) & (_training_personas(env) | {modal_persona()})
+    for name, (support, _) in PersonaSampler()._tables.items():
+        counts = np.array([sum(getattr(p, name) == v for p in uniform) for v in support]) / len(uniform)
+        assert np.allclose(counts, 1 / len(support), atol=0.04), name
+    # far more extreme people than the population sampler draws: care at the scale's bottom half
+    low_care = lambda personas: np.mean([p.care < 3 for p in personas])  # noqa: E731
+    assert low_care(uniform) > 0.3 > 0.05 > low_care(heldout)
 
 
 def test_persona_sets_exclude_the_training_personas():

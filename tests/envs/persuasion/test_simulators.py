@@ -160,7 +160,7 @@ def test_persona_sets_and_spec_of_the_constructor():
 
     plain = ActPersuadee()
     assert plain.spec == SimulatorSpec("persuadee", "base", "scenario", {"decoding": "sample", "temperature": 1.0},
-                                       {"jitter": 0.35, "model_seed": 4242})
+                                       {"jitter": 0.35, "model_seed": 4242, "corpus": ""})
     assert SimulatorSpec.parse(str(plain.spec)) == plain.spec == TextPersuadee().spec
     people = PersonaSampler().sample_many(3, np.random.default_rng(0))
     named = ActPersuadee(personas=people, persona_set="three", model_name="heldout-3", decoding="greedy")

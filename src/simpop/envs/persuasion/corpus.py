@@ -20,13 +20,15 @@ attribute's median (numbers) or most frequent value (categories; ties: the first
 corpus's persuadee rows that have it (the default sampler's modal value if none has), listed in
 :attr:`Dialogue.imputed` (:attr:`Dialogue.persuader_imputed` for the persuader's row) and named, dialogue id
 and column, in one warning. Dialogues without a persuadee info row or with an empty donation (``B6``, the
-outcome itself) are skipped, counted in :attr:`Corpus.skipped` and named in a warning (an empty ``B7`` is
-replaced by the turns counted).
+outcome itself) or a donation above the $2 task payment (the real file has 35 such rows, up to 700: not
+donations the task allowed) are skipped, counted in :attr:`Corpus.skipped` and named in a warning (an empty
+``B7`` is replaced by the turns counted).
 """
 
 from __future__ import annotations
 
 import csv
+import functools
 import logging
 import math
 from dataclasses import dataclass, replace
@@ -49,6 +51,8 @@ ROLES = {0: "persuader", 1: "persuadee"}
 ER_LABEL_ALIASES = {"thank": "closing", "you-are-welcome": "closing", "ask-donate-more": "ask-donation-amount",
                     "confirm-donation": "ask-donation-amount"}
 _MISSING = {"", "na", "nan", "none", "null"}
+#: What a persuadee could give: their task payment, in dollars (the real B6 column holds a few larger numbers).
+TASK_PAYMENT = AMOUNT_LEVELS[-1]
 #: Dialogue ids (and imputed cells) named in one warning before it says "and N more".
 _NAMED_IN_WARNING = 10
 
@@ -315,6 +319,10 @@ def load_corpus(directory: str | Path) -> Corpus:
             continue
         if donation < 0:
             raise CorpusError(f"{FULL_INFO}: row {row}, column 'B6' has {donation}; a donation cannot be negative")
+        if donation > TASK_PAYMENT:
+            skipped.append(f"{dialogue_id} ({FULL_INFO} row {row}: donation {donation:g} is more than the task's "
+                           f"${TASK_PAYMENT:g})")
+            continue
         persona, missing = _persona(info, record, row, persona_columns, fill)
         persuader, persuader_missing = None, ()
         if 0 in roles:
@@ -337,6 +345,17 @@ def load_corpus(directory: str | Path) -> Corpus:
         raise CorpusError(f"{FULL_DIALOG}/{FULL_INFO}: no dialogue has both utterances and a persuadee row with "
                           f"a donation")
     return Corpus(tuple(dialogues), len(skipped))
+
+
+def cached_corpus(directory: str | Path) -> Corpus:
+    """:func:`load_corpus`, once per process and folder (the simulators, panels and scenarios built from one corpus
+    share it; a :class:`Corpus` is immutable)."""
+    return _cached_corpus(str(Path(directory).resolve()))
+
+
+@functools.lru_cache(maxsize=4)
+def _cached_corpus(directory: str) -> Corpus:
+    return load_corpus(directory)
 
 
 # ---------------------------------------------------------------------------------------------- fitting
@@ -367,7 +386,8 @@ def strategy_effects(dialogues: Iterable[Dialogue], prior: np.ndarray, ridge: fl
     """Per-use log-odds effect of each strategy: ridge logistic regression of donated ~ strategy counts.
 
     The ridge pulls coefficients towards ``prior`` (the default effects), so a small corpus moves them
-    only as far as its evidence goes; the intercept is free. Newton's method on the penalised likelihood.
+    only as far as its evidence goes; the intercept is free. Newton's method on the penalised likelihood, each step
+    halved until the objective improves (a full Newton step can overshoot on real data and overflow).
     """
     dialogues = list(dialogues)
     x = np.array([[sum(s in u.labels for u in d.utterances if u.role == "persuader") for s in STRATEGIES]
@@ -377,12 +397,25 @@ def strategy_effects(dialogues: Iterable[Dialogue], prior: np.ndarray, ridge: fl
     beta = np.concatenate([[0.0], prior])
     penalty = np.diag([0.0] + [ridge] * len(STRATEGIES))
     target = np.concatenate([[0.0], prior])
+
+    def objective(b: np.ndarray) -> float:  # penalised log-likelihood, overflow-free
+        z = design @ b
+        return float(np.sum(y * z - np.logaddexp(0.0, z)) - 0.5 * (b - target) @ penalty @ (b - target))
+
+    current = objective(beta)
     for _ in range(iterations):
-        p = 1 / (1 + np.exp(-design @ beta))
+        p = 0.5 * (1.0 + np.tanh(0.5 * (design @ beta)))  # the logistic function without exp overflow
         gradient = design.T @ (y - p) - penalty @ (beta - target)
         hessian = design.T @ (design * (p * (1 - p))[:, None]) + penalty + 1e-9 * np.eye(len(beta))
         step = np.linalg.solve(hessian, gradient)
-        beta += step
+        for _ in range(30):
+            value = objective(beta + step)
+            if value >= current:
+                break
+            step = step / 2
+        else:
+            break  # no step improves it any more: converged
+        beta, current = beta + step, value
         if np.max(np.abs(step)) < 1e-8:
             break
     return beta[1:]

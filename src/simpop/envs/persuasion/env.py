@@ -173,6 +173,8 @@ class _PersuasionEnv(DialogueEnv):
         - ``modal``: the persona sampler's modal persona alone (the mode-collapsed population).
         - ``heldout`` = ``heldout-300-4242``; ``heldout-<n>-<seed>``: ``n`` draws from the persona sampler with
           ``seed``, minus every persona of this env's scenarios and the modal persona (people training never sees).
+        - ``uniform-<n>-<seed>``: the same with every attribute uniform over its values
+          (:meth:`PersonaSampler.uniform`; the robustness panel's people, more of them at the extremes).
         - ``region-<n>-<seed>:<clauses>``, ``written-<sha>``: generated from lost dialogues (:mod:`.failures`).
         """
         return persona_set(name, tuple(s.persona for s in self._scenarios.values()))

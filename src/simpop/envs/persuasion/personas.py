@@ -253,6 +253,15 @@ class PersonaSampler:
         # Precomputed once: sampling is a categorical draw per attribute over its value grid.
         self._tables = {n: (self.marginals[n].support(n), self.marginals[n].probabilities(n)) for n in PERSONA_FIELDS}
 
+    @classmethod
+    def uniform(cls) -> "PersonaSampler":
+        """A sampler over the same value grids with every attribute uniform: a population that reaches the
+        extremes as often as the middle (the robustness panel's personas, not P4G's participants)."""
+        sampler = cls()
+        sampler._tables = {n: (support, np.full(len(support), 1.0 / len(support)))
+                           for n, (support, _) in sampler._tables.items()}
+        return sampler
+
     def sample(self, rng: np.random.Generator) -> Persona:
         values = {}
         for name in PERSONA_FIELDS:

@@ -68,11 +68,14 @@ def persona_set(name: str, training: tuple[Persona, ...]) -> tuple[Persona, ...]
     prefix, *rest = name.split("-")
     if name == "heldout":
         rest = ["300", "4242"]
-    if prefix != "heldout" or len(rest) != 2 or not all(x.isdigit() for x in rest) or int(rest[0]) < 1:
-        raise ValueError(f"unknown P4G persona set {name!r}; use modal, heldout or heldout-<n>-<seed> "
-                         f"(e.g. heldout-300-4242), region-<n>-<seed>:<clauses>, written-<sha>, or scenario")
+    if prefix not in ("heldout", "uniform") or len(rest) != 2 or not all(x.isdigit() for x in rest) \
+            or int(rest[0]) < 1:
+        raise ValueError(f"unknown P4G persona set {name!r}; use modal, heldout, heldout-<n>-<seed> (e.g. "
+                         f"heldout-300-4242), uniform-<n>-<seed>, region-<n>-<seed>:<clauses>, written-<sha>, or "
+                         f"scenario")
     seen = set(training) | {modal_persona()}
-    drawn = PersonaSampler().sample_many(int(rest[0]), np.random.default_rng(int(rest[1])))
+    sampler = PersonaSampler() if prefix == "heldout" else PersonaSampler.uniform()
+    drawn = sampler.sample_many(int(rest[0]), np.random.default_rng(int(rest[1])))
     kept = tuple(p for p in drawn if p not in seen)
     if not kept:
         raise ValueError(f"persona set {name!r} has no persona outside the training scenarios")
@@ -90,7 +93,7 @@ def default_scenarios(n: int = 200, seed: int = 2019) -> tuple[PersuasionScenari
 @functools.lru_cache(maxsize=4)
 def corpus_scenarios(corpus_dir: str) -> tuple[PersuasionScenario, ...]:
     """One scenario per corpus dialogue with a persuadee persona: ``p4g-corpus-<dialogue id>``."""
-    from simpop.envs.persuasion.corpus import load_corpus
+    from simpop.envs.persuasion.corpus import cached_corpus
 
-    corpus = load_corpus(corpus_dir)
+    corpus = cached_corpus(corpus_dir)
     return tuple(PersuasionScenario(f"p4g-corpus-{d.id}", d.persuadee_persona) for d in corpus.dialogues)

@@ -23,6 +23,7 @@ the act or text form to fit the env)::
 from __future__ import annotations
 
 import dataclasses
+import functools
 from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
@@ -30,7 +31,8 @@ from typing import Any
 import numpy as np
 
 from simpop.envs.dialogue import parse_observation
-from simpop.envs.persuasion.acts import DONATING_ACTS, classify_persuader, render_persuadee
+from simpop.envs.persuasion.acts import (DONATING_ACTS, PERSUADER_ACTS, STRATEGIES, classify_persuader,
+                                         render_persuadee)
 from simpop.envs.persuasion.env import encode_persuadee_action, last_persuader_act, read_survey_answer
 from simpop.envs.persuasion.model import Outcome, PersuadeeModel, PersuadeeParams, PersuadeeState, calibrate
 from simpop.envs.persuasion.personas import Persona
@@ -64,7 +66,8 @@ class _ModelPersuadee(Simulator):
             a set of one is played without a draw.
         persona_set: The name of ``personas`` (part of :attr:`spec`; held-out panels compare it).
         model_name: The parameters' name in :attr:`spec` (``base``, ``heldout-2``, ...).
-        jitter, model_seed: How a held-out model's parameters were drawn (:func:`model_params`; for :attr:`spec`).
+        jitter, model_seed, corpus: How a held-out model's parameters were drawn or fitted (:func:`model_params`;
+            for :attr:`spec`).
     """
 
     kind = "persuadee"
@@ -72,7 +75,8 @@ class _ModelPersuadee(Simulator):
     def __init__(self, params: PersuadeeParams | None = None, decoding: str = "sample", temperature: float = 1.0,
                  persona_override: Persona | None = None, name: str | None = None, *,
                  personas: Sequence[Persona] | None = None, persona_set: str | None = None,
-                 model_name: str = BASE_MODEL, jitter: float = HELDOUT_JITTER, model_seed: int = HELDOUT_SEED):
+                 model_name: str = BASE_MODEL, jitter: float = HELDOUT_JITTER, model_seed: int = HELDOUT_SEED,
+                 corpus: str = ""):
         if decoding not in DECODINGS:
             raise ValueError(f"decoding must be one of {DECODINGS}, got {decoding!r}")
         if decoding == "sample" and temperature <= 0:
@@ -86,7 +90,7 @@ class _ModelPersuadee(Simulator):
         self.personas = list(personas) if personas is not None else None
         self.persona_set = persona_set or (SCENARIO_PERSONAS if personas is None and persona_override is None
                                            else "custom")
-        self.model_name, self.jitter, self.model_seed = model_name, jitter, model_seed
+        self.model_name, self.jitter, self.model_seed, self.corpus = model_name, jitter, model_seed, corpus
         self.name = name or f"{type(self).__name__.lower()}-{decoding}{'-modal' if persona_override else ''}"
         self._slots: list[_Slot] = []
 
@@ -94,7 +98,7 @@ class _ModelPersuadee(Simulator):
     def spec(self) -> SimulatorSpec:
         return SimulatorSpec(self.kind, self.model_name, self.persona_set,
                              {"decoding": self.decoding, "temperature": float(self.temperature)},
-                             {"jitter": float(self.jitter), "model_seed": self.model_seed})
+                             {"jitter": float(self.jitter), "model_seed": self.model_seed, "corpus": self.corpus})
 
     def reset_batch(self, scenarios: list[Any], rngs: list[np.random.Generator]) -> None:
         personas = [self._persona(s, rng) for s, rng in zip(scenarios, rngs, strict=True)]
@@ -212,7 +216,7 @@ def _heard(observation: Any) -> str:
 
 
 def model_params(model: str, personas: Sequence[Persona] | None, jitter: float = HELDOUT_JITTER,
-                 seed: int = HELDOUT_SEED) -> PersuadeeParams:
+                 seed: int = HELDOUT_SEED, corpus: str = "") -> PersuadeeParams:
     """The parameters a persuadee model name stands for.
 
     ``base`` is the calibrated defaults. ``heldout-<i>`` is a model training never uses: the act effects,
@@ -220,17 +224,58 @@ def model_params(model: str, personas: Sequence[Persona] | None, jitter: float =
     (generator seeded with ``[seed, i]``), then the intercept and amount shift recalibrated
     (:func:`~simpop.envs.persuasion.model.calibrate`) on ``personas`` so that a corpus-like persuader still
     gets the corpus donor rate: other people who give as often but respond to different strategies.
+    ``shuffled-<i>`` is built by another procedure: the persuasive strategies' effects and modulations are
+    permuted among the strategies (:func:`_shuffled_strategies`, same generator; ``jitter`` unused), then
+    recalibrated the same way: which strategy works is reassigned rather than perturbed. ``fitted-<i>`` is fitted
+    to data: :func:`~simpop.envs.persuasion.corpus.fit_params` on bootstrap resample ``i`` (generator seeded with
+    ``[seed, i]``) of the P4G corpus in folder ``corpus``, calibrated to that resample's own donor rate.
     """
     if model == BASE_MODEL:
         return PersuadeeParams()
     prefix, _, index = model.partition("-")
-    if prefix != "heldout" or not index.isdigit():
-        raise ValueError(f"unknown persuadee model {model!r}; use {BASE_MODEL} or heldout-<i> (e.g. heldout-0)")
+    if prefix not in ("heldout", "shuffled", "fitted") or not index.isdigit():
+        raise ValueError(f"unknown persuadee model {model!r}; use {BASE_MODEL}, heldout-<i> (e.g. heldout-0), "
+                         f"shuffled-<i> or fitted-<i> (with corpus=DIR)")
+    if prefix == "fitted":
+        return _fitted(corpus, seed, int(index))
     base = PersuadeeParams()
     rng = np.random.default_rng([seed, int(index)])
-    changed = {name: tuple(v * float(np.exp(rng.normal(0.0, jitter))) for v in getattr(base, name))
-               for name in ("act_effects", "modulation", "trait_weights")}
+    if prefix == "heldout":
+        changed = {name: tuple(v * float(np.exp(rng.normal(0.0, jitter))) for v in getattr(base, name))
+                   for name in ("act_effects", "modulation", "trait_weights")}
+    else:
+        changed = _shuffled_strategies(base, rng)
     return calibrate(dataclasses.replace(base, **changed), personas=personas)
+
+
+@functools.lru_cache(maxsize=16)
+def _fitted(corpus: str, seed: int, index: int) -> PersuadeeParams:
+    """Parameters fitted to bootstrap resample ``index`` of the corpus in folder ``corpus``."""
+    from simpop.envs.persuasion.corpus import Corpus, cached_corpus, fit_params
+
+    if not corpus:
+        raise ValueError("a fitted-<i> persuadee needs corpus=DIR, a P4G corpus folder (see simpop.envs.persuasion."
+                         "corpus)")
+    data = cached_corpus(corpus)
+    rng = np.random.default_rng([seed, index])
+    resample = Corpus(tuple(data.dialogues[i] for i in rng.integers(len(data.dialogues), size=len(data.dialogues))))
+    return fit_params(resample)
+
+
+def _shuffled_strategies(base: PersuadeeParams, rng: np.random.Generator) -> dict[str, tuple[float, ...]]:
+    """Act effects and modulations with the persuasive strategies' entries permuted among the strategies (one
+    permutation for both, never the identity): people for whom other strategies work, and work on other traits."""
+    strategies = [PERSUADER_ACTS.index(s) for s in STRATEGIES]
+    order = np.arange(len(strategies))
+    while np.array_equal(order, np.arange(len(strategies))):
+        order = rng.permutation(len(strategies))
+    changed = {}
+    for name in ("act_effects", "modulation"):
+        values = list(getattr(base, name))
+        for target, source in zip(strategies, order):
+            values[target] = getattr(base, name)[strategies[source]]
+        changed[name] = tuple(values)
+    return changed
 
 
 def from_spec(spec: SimulatorSpec, context: BuildContext) -> ActPersuadee | TextPersuadee:
@@ -241,13 +286,20 @@ def from_spec(spec: SimulatorSpec, context: BuildContext) -> ActPersuadee | Text
 def _spec_arguments(spec: SimulatorSpec, context: BuildContext) -> dict[str, Any]:
     """Constructor arguments of a persuadee from its spec."""
     params = spec.params
-    personas = context.personas(spec.personas)
+    # ``personas=corpus``: the real persuadees of the corpus this simulator names (``corpus=DIR``)
+    if spec.personas == "corpus" and params["corpus"]:
+        from simpop.envs.persuasion.corpus import cached_corpus
+
+        personas = cached_corpus(params["corpus"]).personas()
+    else:
+        personas = context.personas(spec.personas)
     calibration = personas if personas is not None else (
         [context.env.load_scenario(i).persona for i in context.env.scenario_ids()] if context.env is not None else None)
-    return {"params": model_params(spec.model or BASE_MODEL, calibration, params["jitter"], params["model_seed"]),
+    return {"params": model_params(spec.model or BASE_MODEL, calibration, params["jitter"], params["model_seed"],
+                                   params["corpus"]),
             "decoding": params["decoding"], "temperature": params["temperature"], "personas": personas,
             "persona_set": spec.personas if personas is not None else None, "model_name": spec.model or BASE_MODEL,
-            "jitter": params["jitter"], "model_seed": params["model_seed"]}
+            "jitter": params["jitter"], "model_seed": params["model_seed"], "corpus": params["corpus"]}
 
 
 def _persuadee_class(env: Any) -> type:

@@ -28,7 +28,7 @@ import numpy as np
 import torch
 
 from simpop.envs.persuasion.acts import ASKING_ACTS, DECISION_ACTS, DONATING_ACTS, PERSUADEE_ACTS, PERSUADER_ACTS
-from simpop.envs.persuasion.corpus import ER_LABEL_ALIASES, load_corpus
+from simpop.envs.persuasion.corpus import ER_LABEL_ALIASES, cached_corpus
 from simpop.envs.persuasion.model import (_DECISION_MASK, _SENTIMENT_SIGN, _U, AMOUNT_LEVELS, APPEALS, BASE_TRAITS,
                                           MODULATORS, RAPPORT_ACTS, Outcome, PersuadeeModel, PersuadeeParams)
 from simpop.envs.persuasion.personas import Persona
@@ -395,7 +395,7 @@ class TrainableActPersuadee(ActPersuadee, Trainable):
     # ----------------------------------------------------------------- realism anchor (realism, adversarial)
     def load_reference(self, path: str) -> int:
         """Read the annotated dialogues of the P4G corpus at ``path`` as reference episodes; how many score."""
-        self.reference = [e for e in reference_episodes(load_corpus(path).annotated)
+        self.reference = [e for e in reference_episodes(cached_corpus(path).annotated)
                           if any(reply != UNSCORED for _, reply in e.turns)]
         self._reference_turns = turns_of(self.reference)
         return len(self.reference)
