@@ -133,7 +133,15 @@ def test_persuadee_action_encoding_round_trips():
         encode_persuadee_action("agree-donation", 0.33)
 
 
-@pytest.mark.parametrize("bad", [14, -1, "3", 2.5, True])
+@pytest.mark.parametrize("good", [3, np.int64(3), np.int8(0), np.array(13)])
+def test_act_int_like_actions_are_taken(good):
+    env = PersuasionActEnv()
+    env.reset(seed=0)
+    _, _, _, _, infos = env.step({ER: good})
+    assert "invalid_action" not in infos[ER] and env.transcript[-1].act == PERSUADER_ACTS[int(good)]
+
+
+@pytest.mark.parametrize("bad", [14, -1, "3", 2.5, True, np.int64(14), np.bool_(True), np.float32(3.0), np.array(14)])
 def test_act_bad_actions_are_flagged(bad):
     env = PersuasionActEnv()
     env.reset(seed=0)

@@ -415,19 +415,25 @@ class PersuasionActEnv(_PersuasionEnv):
         self._text_rng = np.random.default_rng(int(self.np_random.integers(2**63 - 1)))
         # Kept up to date in _apply so observations need no pass over the transcript.
         self._counts = np.zeros(len(PERSUADER_ACTS), np.float32)
+        self._n_acts = 0
         self._last = {self.policy_seat: len(PERSUADER_ACTS), self.user_seat: len(PERSUADEE_ACTS)}
 
     def _validate(self, seat: str, action: Any) -> str | None:
         space = self.action_space(seat)
-        if isinstance(action, (bool, np.bool_)) or not space.contains(action):
-            return f"action must be an int in [0, {space.n}), got {action!r}"
-        return None
+        if isinstance(action, (bool, np.bool_)):
+            ok = False
+        elif isinstance(action, (int, np.integer)):  # the common case, without gymnasium's general check
+            ok = 0 <= action < space.n
+        else:
+            ok = space.contains(action)
+        return None if ok else f"action must be an int in [0, {space.n}), got {action!r}"
 
     def _apply(self, seat: str, action: Any) -> str:
         if seat == self.policy_seat:
             act = PERSUADER_ACTS[int(action)]
             self.transcript.append(Turn(seat, render_persuader(act, self._text_rng), act=act))
             self._counts[int(action)] += 1
+            self._n_acts += 1
             self._last[seat] = int(action)
             return self.user_seat
         self._last[seat] = int(action) // N_AMOUNTS
@@ -439,9 +445,13 @@ class PersuasionActEnv(_PersuasionEnv):
         return self.policy_seat
 
     def _observe(self, seat: str) -> np.ndarray:
-        # The persuader sees the persuadee's last act and vice versa (one-hot; the extra slot = none yet).
+        # The persuader sees the persuadee's last act and vice versa (one-hot; the extra slot = none yet), then the
+        # persuader's act counts / max_turns, the turn fraction and the to-act flag; written into one array.
         other = self.user_seat if seat == self.policy_seat else self.policy_seat
-        head = np.zeros((len(PERSUADEE_ACTS) if other == self.user_seat else len(PERSUADER_ACTS)) + 1, np.float32)
-        head[self._last[other]] = 1.0
-        tail = np.array([self._counts.sum() / self.max_turns, float(self.to_act == seat)], np.float32)
-        return np.concatenate([head, self._counts / self.max_turns, tail])
+        head = (len(PERSUADEE_ACTS) if other == self.user_seat else len(PERSUADER_ACTS)) + 1
+        out = np.zeros(head + len(PERSUADER_ACTS) + 2, np.float32)
+        out[self._last[other]] = 1.0
+        np.divide(self._counts, self.max_turns, out=out[head:head + len(PERSUADER_ACTS)])
+        out[-2] = np.float32(self._n_acts) / np.float32(self.max_turns)
+        out[-1] = self.to_act == seat
+        return out
