@@ -247,6 +247,7 @@ def test_corpus_panel_fits_persuadees_to_a_corpus(tmp_path):
     assert {m.model_name for _, m in panel} == {"fitted-0", "fitted-1", "fitted-2"}
     assert {m.temperature for _, m in panel} == set(CORPUS_PANEL_TEMPERATURES)
     assert all(m.personas == load_corpus(corpus).personas() for _, m in panel)  # the corpus's persuadees
+    assert {m.spec.personas for _, m in panel} == {f"corpus:{corpus.resolve()}"}  # a persona set like any other
     assert len({m.model.params for _, m in panel}) == 3  # three resamples, three fits
     for condition in CONDITIONS:
         panel.check_disjoint([build_trainer(condition, config, 0, env).training_simulator])

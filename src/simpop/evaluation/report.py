@@ -285,11 +285,17 @@ def convergence_note(conditions: Mapping[str, Any]) -> str:
 # ======================================================================================= collapse curve
 def _by_seed(records: Sequence[Mapping[str, Any]], condition: str, kind: str,
              metric: str) -> dict[int, dict[int, float]]:
+    """``{seed: {step: value}}`` of ``metric`` in ``condition``'s records of ``kind`` (records without it skipped)."""
     out: dict[int, dict[int, float]] = {}
     for r in records:
         if r.get("condition") == condition and r.get("kind") == kind and r.get(metric) is not None:
             out.setdefault(int(r["seed"]), {})[int(r["step"])] = float(r[metric])
     return out
+
+
+def _common_steps(by_seed: Mapping[int, Mapping[int, float]]) -> list[int]:
+    """The steps every seed reached (a partial run does not bend a curve)."""
+    return sorted(set.intersection(*(set(v) for v in by_seed.values()))) if by_seed else []
 
 
 def collapse_curve(records: Sequence[Mapping[str, Any]], condition: str = FROZEN) -> dict[str, Any] | None:
@@ -303,7 +309,7 @@ def collapse_curve(records: Sequence[Mapping[str, Any]], condition: str = FROZEN
     entropy = _by_seed(records, condition, "eval", "policy_entropy")
     zero_var = _by_seed(records, condition, "train", "zero_var_frac")
     seeds = sorted(held)
-    steps = sorted(set.intersection(*(set(v) for v in held.values()))) if held else []
+    steps = _common_steps(held)
     if len(seeds) < 4 or len(steps) < 3:
         return None
     first, second = seeds[: len(seeds) // 2], seeds[len(seeds) // 2:]
@@ -317,7 +323,7 @@ def collapse_curve(records: Sequence[Mapping[str, Any]], condition: str = FROZEN
         "decline": {"mean": decline[0], "ci_low": decline[1], "ci_high": decline[2]},
         "peaks_then_declines": bool(decline[2] < 0),
     }
-    updates = sorted(set.intersection(*(set(v) for v in zero_var.values()))) if zero_var else []
+    updates = _common_steps(zero_var)
     saturated = next((u for u in updates if np.mean([zero_var[s][u] for s in zero_var]) >= SATURATED_ZERO_VAR), None)
     start = next((t for t in steps if saturated is not None and t >= saturated), None)
     if start is not None and start < final and all(s in entropy for s in seeds):
@@ -461,16 +467,13 @@ def curves(records: Sequence[Mapping[str, Any]], kind: str, metric: str
 
     Only steps that every seed of the condition reached are kept (a partial run does not bend the curve).
     """
-    by: dict[str, dict[int, dict[int, float]]] = {}
-    for r in records:
-        if r.get("kind") != kind or metric not in r or r[metric] is None:
-            continue
-        by.setdefault(r["condition"], {}).setdefault(int(r["step"]), {})[int(r["seed"])] = float(r[metric])
     out = {}
-    for condition, steps in by.items():
-        seeds = set().union(*steps.values())
-        kept = sorted(s for s, values in steps.items() if set(values) == seeds)
-        stats = np.array([mean_ci(list(steps[s].values())) for s in kept]).reshape(-1, 3)
+    for condition in dict.fromkeys(r["condition"] for r in records if r.get("kind") == kind):
+        by_seed = _by_seed(records, condition, kind, metric)
+        if not by_seed:
+            continue
+        kept = _common_steps(by_seed)
+        stats = np.array([mean_ci([by_seed[s][t] for s in sorted(by_seed)]) for t in kept]).reshape(-1, 3)
         out[condition] = (np.array(kept), stats[:, 0], stats[:, 1], stats[:, 2])
     return out
 

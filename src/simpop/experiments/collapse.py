@@ -328,9 +328,9 @@ def robust_panel_specs(config: CollapseConfig) -> dict[str, str]:
 
 def corpus_panel_specs(config: CollapseConfig) -> dict[str, str]:
     """Name -> spec of each corpus panel member: persuadees fitted to bootstrap resamples of the corpus in
-    ``config.corpus_panel`` (``persuadee:fitted-<i>``), playing its real persuadees' personas."""
+    ``config.corpus_panel`` (``persuadee:fitted-<i>``), playing its real persuadees (persona set ``corpus:<dir>``)."""
     corpus = config.corpus_panel
-    return {f"fitted-{i}-T{t:g}": f"persuadee:fitted-{i}?corpus={corpus}&personas=corpus&temperature={t!r}"
+    return {f"fitted-{i}-T{t:g}": f"persuadee:fitted-{i}?corpus={corpus}&personas=corpus:{corpus}&temperature={t!r}"
                                   f"&model_seed={CORPUS_SEED}"
             for i, t in enumerate(CORPUS_PANEL_TEMPERATURES)}
 

@@ -248,18 +248,16 @@ def changed_settings(saved: dict[str, Any], current: Any, default: Any) -> list[
     earlier run's config). A setting ``saved`` lacks (a field added since) counts as changed only if ``current``
     moves it off ``default``'s value (a config built with the defaults), which earlier runs behaved as."""
     def flat(value: Any, prefix: str = "") -> dict[str, Any]:
-        if not isinstance(value, dict):
-            return {prefix: value}
-        return {k: v for key, item in value.items() for k, v in flat(item, f"{prefix}{key}.").items()} \
-            if value else {prefix: value}
+        if isinstance(value, dict) and value:
+            return {k: v for key, item in value.items() for k, v in flat(item, f"{prefix}{key}.").items()}
+        return {prefix.rstrip("."): value}
 
     old, new, base = flat(saved), flat(json_ready(to_dict(current))), flat(json_ready(to_dict(default)))
-    return sorted(k.rstrip(".") for k in new.keys() | old.keys()
-                  if (old[k] if k in old else base.get(k)) != new.get(k))
+    return sorted(k for k in new.keys() | old.keys() if (old[k] if k in old else base.get(k)) != new.get(k))
 
 
 def json_ready(value: Any) -> Any:
-    """``value`` as it reads back from JSON (tuples become lists)."""
+    """``value`` as it reads back from JSON (tuples at any depth become lists, keys strings)."""
     import json
 
     return json.loads(json.dumps(value))

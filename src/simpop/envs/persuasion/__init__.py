@@ -83,7 +83,7 @@ one per corpus dialogue (``p4g-corpus-<id>``, the real persuadee's persona). A
 :class:`PersuasionScenario` has ``id``, ``persona``, ``context`` (the $2 donation task) and the prompts
 ``user_instructions()`` (persona, context, and "end with ``[DONATE $N]``") and ``policy_instructions()``.
 ``persona_set(name)`` gives the named persona sets of simulator specs (``modal``, ``heldout-<n>-<seed>``,
-``uniform-<n>-<seed>``).
+``uniform-<n>-<seed>``, ``corpus:<dir>``).
 
 **Personas and calibration** (:mod:`.personas`, :mod:`.model`). A :class:`Persona` holds the 32 P4G survey
 attributes (Big-Five 1–5, moral foundations 1–6, Schwartz values 1–6, decision style 1–5, demographics

@@ -61,6 +61,10 @@ def persona_set(name: str, training: tuple[Persona, ...]) -> tuple[Persona, ...]
     """The personas of set ``name``, given the training personas (the env's ``persona_set`` documents the names)."""
     if name == "modal":
         return (modal_persona(),)
+    if name.startswith("corpus:"):  # the real persuadees of a P4G corpus folder
+        from simpop.envs.persuasion.corpus import cached_corpus
+
+        return tuple(cached_corpus(name.partition(":")[2]).personas())
     if name.startswith(("region-", "written-")):  # generated from lost dialogues (failures.py)
         from simpop.envs.persuasion.failures import persona_set as generated
 
@@ -71,8 +75,8 @@ def persona_set(name: str, training: tuple[Persona, ...]) -> tuple[Persona, ...]
     if prefix not in ("heldout", "uniform") or len(rest) != 2 or not all(x.isdigit() for x in rest) \
             or int(rest[0]) < 1:
         raise ValueError(f"unknown P4G persona set {name!r}; use modal, heldout, heldout-<n>-<seed> (e.g. "
-                         f"heldout-300-4242), uniform-<n>-<seed>, region-<n>-<seed>:<clauses>, written-<sha>, or "
-                         f"scenario")
+                         f"heldout-300-4242), uniform-<n>-<seed>, corpus:<dir>, region-<n>-<seed>:<clauses>, "
+                         f"written-<sha>, or scenario")
     seen = set(training) | {modal_persona()}
     sampler = PersonaSampler() if prefix == "heldout" else PersonaSampler.uniform()
     drawn = sampler.sample_many(int(rest[0]), np.random.default_rng(int(rest[1])))

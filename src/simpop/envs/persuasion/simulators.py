@@ -286,13 +286,7 @@ def from_spec(spec: SimulatorSpec, context: BuildContext) -> ActPersuadee | Text
 def _spec_arguments(spec: SimulatorSpec, context: BuildContext) -> dict[str, Any]:
     """Constructor arguments of a persuadee from its spec."""
     params = spec.params
-    # ``personas=corpus``: the real persuadees of the corpus this simulator names (``corpus=DIR``)
-    if spec.personas == "corpus" and params["corpus"]:
-        from simpop.envs.persuasion.corpus import cached_corpus
-
-        personas = cached_corpus(params["corpus"]).personas()
-    else:
-        personas = context.personas(spec.personas)
+    personas = context.personas(spec.personas)
     calibration = personas if personas is not None else (
         [context.env.load_scenario(i).persona for i in context.env.scenario_ids()] if context.env is not None else None)
     return {"params": model_params(spec.model or BASE_MODEL, calibration, params["jitter"], params["model_seed"],
