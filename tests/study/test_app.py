@@ -10,8 +10,8 @@ from simpop.study.storage import read_chats
 from tests.study.conftest import TOKEN, Server
 
 
-def join(url, participant=None):
-    return httpx.post(f"{url}/api/join", json={"token": TOKEN, "participant": participant}, timeout=30)
+def join(url, key=None):
+    return httpx.post(f"{url}/api/join", json={"token": TOKEN, "key": key}, timeout=30)
 
 
 def test_joining_needs_the_study_token(served):
@@ -28,7 +28,7 @@ def test_joining_needs_the_study_token(served):
 def test_a_chat_over_http_then_rating(served):
     url, study = served
     view = join(url).json()
-    chat, participant = view["chat"], view["participant"]
+    chat, participant, key = view["chat"], view["participant"], view["key"]
     while view["turn"] != "done":
         text = view["survey"]["options"][0] if view["survey"] else "Tell me more."
         response = httpx.post(f"{url}/api/chat/{chat}/message", json={"text": text}, timeout=30)
@@ -41,7 +41,7 @@ def test_a_chat_over_http_then_rating(served):
     assert rated.json() == {"saved": True, "remaining": 1}
     (record,) = read_chats(study.out)
     assert record.member == participant and record.extra["study"]["ratings"]["naturalness"] == 3
-    next_view = join(url, participant).json()
+    next_view = join(url, key).json()
     assert next_view["number"] == 1 and next_view["participant"] == participant
 
 

@@ -31,14 +31,14 @@ def test_a_participant_meets_every_policy_once_blindly(study):
     blob = json.dumps(view)
     assert view["turn"] == "done" and "reference" not in blob and "Asker" not in blob and '"A"' not in blob
     study.rate(first, {"naturalness": 4, "would_talk_again": True})
-    second = study.join(first.participant)
+    second = study.join(first.key)
     assert second.participant == first.participant and second.number == 1
     assert {first.arm.label, second.arm.label} == {"A", "B"}
     assert second.scenario != first.scenario
     play(second, ["I'll give $1.", "ok", "ok"])
     study.rate(second, {"naturalness": 2, "would_talk_again": False})
     with pytest.raises(Exception, match="finished every chat"):
-        study.join(first.participant)
+        study.join(first.key)
 
 
 def test_assignment_is_randomised_and_reproducible(tmp_path):
@@ -94,10 +94,10 @@ def test_the_report_has_rates_ratings_and_the_paired_comparison(tmp_path):
     s = make_study(tmp_path / "s")
     # Three participants; B (the asker) is always answered with a donation, A never.
     for _ in range(3):
-        participant = None
+        key = None
         for _ in range(2):
-            chat = s.join(participant)
-            participant = chat.participant
+            chat = s.join(key)
+            key = chat.key
             reply = "Sure, I'll give $1." if chat.arm.label == "B" else "No thanks, I'll pass."
             play(chat, [reply])
             s.rate(chat, {"naturalness": 4 if chat.arm.label == "B" else 2, "would_talk_again": chat.arm.label == "B"})
@@ -123,7 +123,7 @@ def test_a_restarted_study_continues_its_participants(tmp_path):
     s.rate(chat, {"naturalness": 3, "would_talk_again": True})
     s.close()
     again = make_study(tmp_path / "s")
-    second = again.join(chat.participant)
+    second = again.join(chat.key)
     assert second.number == 1 and second.arm.label != chat.arm.label and second.index == 1
     again.close()
     with pytest.raises(ValueError, match="other settings"):

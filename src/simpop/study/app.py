@@ -3,14 +3,15 @@
 Routes (JSON unless said otherwise):
 
 - ``GET /``: the page (``static/index.html``; ``?token=...`` joins). ``GET /static/*``: its script and style.
-- ``POST /api/join`` ``{token, participant?}``: the study token is required (403 otherwise); returns the
-  participant id (kept by the page) and the chat's view. Limited per client address.
+- ``POST /api/join`` ``{token, key?}``: the study token is required (403 otherwise); returns the participant's
+  id, their secret key (kept by the page, sent to join again) and the chat's view. Limited per client address.
 - ``GET /api/chat/{id}?wait=1``: the chat's view, waiting up to ``reply_timeout_s`` for the person's turn.
 - ``POST /api/chat/{id}/message`` ``{text}``: the person's message (or survey answer); returns the view once
   the policy has answered. At most ``max_message_chars`` characters; rate-limited per chat.
 - ``POST /api/chat/{id}/rating`` ``{naturalness: 1..5, would_talk_again: bool}``: saves the chat.
 
-A chat id (144 random bits) is the capability for its chat. Responses carry a strict Content-Security-Policy
+A chat id (144 random bits) is the capability for its chat, a participant key (144 random bits) for the
+participant's chats; the pseudonymous participant id (32 bits) grants nothing. Responses carry a strict Content-Security-Policy
 (scripts only from this server, no inline script), ``X-Content-Type-Options: nosniff``, ``Referrer-Policy:
 no-referrer`` and ``Cache-Control: no-store``; the page builds the chat with ``textContent`` only, so chat text is
 never parsed as HTML. Rate limits use the ``limits`` package (moving windows, in memory).
@@ -44,13 +45,13 @@ SECURITY_HEADERS = {
     "X-Frame-Options": "DENY",
     "Cache-Control": "no-store",
 }
-ParticipantId = Annotated[str, StringConstraints(pattern=r"^p-[0-9a-f]{8}$")]
+ParticipantKey = Annotated[str, StringConstraints(pattern=r"^[A-Za-z0-9_-]{24}$")]
 
 
 class JoinRequest(BaseModel):
     model_config = ConfigDict(extra="forbid")
     token: Annotated[str, StringConstraints(min_length=1, max_length=200)]
-    participant: ParticipantId | None = None
+    key: ParticipantKey | None = None
 
 
 class RatingRequest(BaseModel):
@@ -118,9 +119,10 @@ def create_app(study: Study, token: str, *, max_message_chars: int = 1000, messa
         limit(join_limits, "join", request.client.host if request.client else "?")
         if not secrets.compare_digest(body.token.encode(), token.encode()):
             raise HTTPException(403, "wrong study token: use the link the researcher gave you")
-        chat = study.join(body.participant)
+        chat = study.join(body.key)
         chat.wait_turn(reply_timeout_s)
-        return {"participant": chat.participant, "chats": study.settings["chats_per_participant"], **chat_view(chat)}
+        return {"participant": chat.participant, "key": chat.key, "chats": study.settings["chats_per_participant"],
+                **chat_view(chat)}
 
     @app.get("/api/chat/{chat_id}")
     def show(chat_id: str, wait: bool = False) -> dict[str, Any]:

@@ -12,6 +12,7 @@ person answers; τ²: τ²'s evaluator). Web requests read the person's view (:m
 from __future__ import annotations
 
 import copy
+import hashlib
 import json
 import logging
 import threading
@@ -71,6 +72,11 @@ def _holding(lock: threading.Lock, method: Callable[..., Any]) -> Callable[..., 
     return call
 
 
+def key_digest(key: str) -> str:
+    """What the study keeps of a participant's key (in memory and in the records): its SHA-256."""
+    return hashlib.sha256(key.encode()).hexdigest()
+
+
 def _now() -> str:
     return datetime.now(timezone.utc).isoformat(timespec="seconds")
 
@@ -81,6 +87,7 @@ class Chat:
     Args:
         chat_id: Unguessable id (the capability the page uses for this chat).
         participant: The pseudonymous participant id (the record's ``member``).
+        key: The participant's secret key (their capability; the record keeps its SHA-256 only).
         participant_index: The participant's join order (derives the assignment).
         number: Which of the participant's chats this is (0, 1, ...; the record's ``trial``).
         index: The chat's position among all the study's chats (the record's ``index``).
@@ -91,9 +98,9 @@ class Chat:
         idle_timeout_s: How long the seat waits for the person before the chat is abandoned.
     """
 
-    def __init__(self, *, chat_id: str, participant: str, participant_index: int, number: int, index: int,
+    def __init__(self, *, chat_id: str, participant: str, key: str, participant_index: int, number: int, index: int,
                  arm: Arm, scenario: str, seed: int, make_env: Callable[[], Any], idle_timeout_s: float):
-        self.id, self.participant, self.participant_index = chat_id, participant, participant_index
+        self.id, self.participant, self.key, self.participant_index = chat_id, participant, key, participant_index
         self.number, self.index, self.arm, self.scenario, self.seed = number, index, arm, scenario, seed
         self.seat = HumanSeat(idle_timeout_s)
         self.env = make_env()
@@ -200,6 +207,7 @@ class Chat:
             raise RuntimeError("the chat is still running")
         self.timings.setdefault("rated", _now() if ratings is not None else None)
         self.record.extra["study"] = {"participant": self.participant, "participant_index": self.participant_index,
+                                      "key_sha256": key_digest(self.key),
                                       "chat": self.number, "policy": self.arm.label, "policy_spec": self.arm.spec,
                                       "ratings": ratings, "timings": self.timings}
         return self.record

@@ -1,7 +1,11 @@
 """The study: its policies (arms), blinded assignment of participants to chats, and saving the chats.
 
-**Assignment.** Each participant gets a pseudonymous id (random, ``p-`` + 8 hex digits; nothing about the
-person) and a join index. Participant ``i``'s arm order is a permutation of the arms drawn from
+**Participants.** Each participant gets a pseudonymous id (random, ``p-`` + 8 hex digits; nothing about the
+person; the records' ``member``) and a secret key (144 random bits) that their page keeps and sends to join
+again: the key, not the id, is the capability for the participant's chats (the study keeps only its SHA-256,
+in the records, so a restarted study still knows it). A join with an unknown key makes a new participant.
+
+**Assignment.** Each participant has a join index (the next unused one, also after a restart). Participant ``i``'s arm order is a permutation of the arms drawn from
 ``(seed, i)``; their ``k``-th chat plays arm ``order[k % arms]`` on the ``k``-th scenario of a permutation of
 the study's scenarios drawn from ``(seed, i)``, with an env seed from ``(seed, i, k)``. With
 ``chats_per_participant`` equal to the number of arms (the default) every participant talks to every policy
@@ -24,7 +28,7 @@ from typing import Any
 import numpy as np
 
 from simpop.study import storage
-from simpop.study.chat import Arm, Chat
+from simpop.study.chat import Arm, Chat, key_digest
 
 log = logging.getLogger(__name__)
 
@@ -65,47 +69,58 @@ class Study:
         saved = storage.open_folder(self.out, self.settings)
         #: participant id -> (join index, chats started)
         self.participants: dict[str, list[int]] = {}
+        #: SHA-256 of a participant's key -> participant id
+        self._keys: dict[str, str] = {}
         for record in saved:
             study = record.extra.get("study") or {}
             entry = self.participants.setdefault(record.member, [int(study.get("participant_index", 0)), 0])
             entry[1] = max(entry[1], record.trial + 1)
+            if isinstance(study.get("key_sha256"), str):
+                self._keys[study["key_sha256"]] = record.member
         self.chats: dict[str, Chat] = {}
         self._next_index = max((r.index for r in saved), default=-1) + 1
+        # Join indices of participants who never saved a chat leave gaps: a new one gets the next unused index.
+        self._next_participant = max((entry[0] for entry in self.participants.values()), default=-1) + 1
         self._lock = threading.Lock()
 
     # ----------------------------------------------------------------- joining
-    def join(self, participant: str | None) -> Chat:
-        """The participant's open chat, or their next one (a new participant when the id is unknown or None).
+    def join(self, key: str | None) -> Chat:
+        """The open chat of the participant holding ``key``, or their next one (a new participant, with a new
+        key, when ``key`` is unknown or None). The participant's key is ``chat.key``.
 
         Raises:
             StudyError: The participant has done all their chats.
         """
         self.sweep()
         with self._lock:
-            if participant not in self.participants:
+            participant = self._keys.get(key_digest(key)) if key else None
+            if participant is None:
+                key = secrets.token_urlsafe(18)
                 participant = f"p-{secrets.token_hex(4)}"
                 while participant in self.participants:
                     participant = f"p-{secrets.token_hex(4)}"
-                self.participants[participant] = [len(self.participants), 0]
+                self._keys[key_digest(key)] = participant
+                self.participants[participant] = [self._next_participant, 0]
+                self._next_participant += 1
             open_chat = next((c for c in self.chats.values() if c.participant == participant and not c.saved), None)
             if open_chat is not None:
                 return open_chat
             index, number = self.participants[participant]
             if number >= self.settings["chats_per_participant"]:
                 raise StudyError("You have finished every chat of this study. Thank you!", 410)
-            chat = self._new_chat(participant, index, number)
+            chat = self._new_chat(participant, key, index, number)  # type: ignore[arg-type]
             self.participants[participant][1] += 1
             self.chats[chat.id] = chat
         log.info("chat %d started (participant %s, chat %d)", chat.index, participant, number)
         chat.start()
         return chat
 
-    def _new_chat(self, participant: str, index: int, number: int) -> Chat:
+    def _new_chat(self, participant: str, key: str, index: int, number: int) -> Chat:
         labels, scenarios, seed = list(self.arms), list(self.settings["scenarios"]), int(self.settings["seed"])
         rng = np.random.default_rng([seed, index])
         order = rng.permutation(len(labels))
         scenario_order = rng.permutation(len(scenarios))
-        chat = Chat(chat_id=secrets.token_urlsafe(18), participant=participant, participant_index=index,
+        chat = Chat(chat_id=secrets.token_urlsafe(18), participant=participant, key=key, participant_index=index,
                     number=number, index=self._next_index, arm=self.arms[labels[int(order[number % len(labels)])]],
                     scenario=scenarios[int(scenario_order[number % len(scenarios)])],
                     seed=_seed([seed, 3, index, number]), make_env=self.make_env,

@@ -1,7 +1,7 @@
 // The study page. Everything shown is set with textContent: chat text is never parsed as HTML.
 "use strict";
 
-const PARTICIPANT_KEY = "simpop-study-participant";
+const PARTICIPANT_KEY = "simpop-study-participant-key";
 const state = { token: null, chat: null, maxChars: 1000 };
 const $ = (id) => document.getElementById(id);
 
@@ -84,9 +84,9 @@ async function join() {
   $("next").hidden = true;
   try {
     const view = await api("POST", "/api/join", {
-      token: state.token, participant: localStorage.getItem(PARTICIPANT_KEY) || null,
+      token: state.token, key: localStorage.getItem(PARTICIPANT_KEY) || null,
     });
-    localStorage.setItem(PARTICIPANT_KEY, view.participant);
+    localStorage.setItem(PARTICIPANT_KEY, view.key);
     state.chats = view.chats;
     render(view);
   } catch (error) {
