@@ -353,8 +353,9 @@ class RolloutEngine:
             if user_turns:
                 seat = user_turns[0].env.user_seat
                 t0 = time.perf_counter()
-                replies = self.simulator.act_batch([d.observations[seat] for d in user_turns],
-                                                   [d.slot for d in user_turns])
+                replies = _counted(self.simulator.act_batch([d.observations[seat] for d in user_turns],
+                                                            [d.slot for d in user_turns]),
+                                   len(user_turns), f"simulator {getattr(self.simulator, 'name', '?')}")
                 self.stats.simulator_s += time.perf_counter() - t0
                 self.stats.simulator_calls += 1
                 actions.update(zip((d.slot for d in user_turns), replies))
@@ -370,12 +371,12 @@ class RolloutEngine:
             actions = self.policy.act_batch([d.observations[seat] for d in turns], rng)  # type: ignore[union-attr]
             self.stats.policy_s += time.perf_counter() - t0
             self.stats.policy_calls += 1
-            return list(actions)
+            return _counted(actions, len(turns), f"policy {type(self.policy).__name__}")
         prompts = [self._extend_prompt(d) for d in turns]
         policy: TokenPolicy = self.policy  # type: ignore[assignment]
         params = dataclasses.replace(policy.sampling, seed=int(rng.integers(2**31)), logprobs=True)
         t0 = time.perf_counter()
-        generations = policy.generate_ids(prompts, params)
+        generations = _counted(policy.generate_ids(prompts, params), len(turns), f"policy {type(policy).__name__}")
         self.stats.policy_s += time.perf_counter() - t0
         self.stats.policy_calls += 1
         for d, generation in zip(turns, generations):
@@ -458,3 +459,12 @@ def _trailing_ones(mask: Sequence[int]) -> int:
     while n < len(mask) and mask[-1 - n] == 1:
         n += 1
     return n
+
+
+def _counted(outputs: Any, expected: int, who: str) -> list[Any]:
+    """``outputs`` as a list, one per observation asked (ValueError otherwise: never truncated or padded)."""
+    outputs = list(outputs)
+    if len(outputs) != expected:
+        raise ValueError(f"{who} returned {len(outputs)} action(s) for {expected} observation(s); act_batch must "
+                         f"return exactly one action per observation, in order")
+    return outputs
