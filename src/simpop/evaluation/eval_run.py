@@ -330,17 +330,20 @@ def _tau2_payload(env: Any, trial: int) -> dict[str, Any]:
 def read_records(path: str | Path, repair: bool = False) -> list[EpisodeRecord]:
     """Every complete record in ``episodes.jsonl`` (first of any repeated key), in file order.
 
-    A line that does not parse (a write torn by a kill) is dropped with a warning; with ``repair`` the file
-    is rewritten atomically without it, so that later appends start on a fresh line.
+    A line that does not parse (a write torn by a kill, cut inside a multi-byte character or not; a record whose
+    fields have the wrong types) is dropped with a warning; with ``repair`` the file is rewritten atomically
+    without it, so that later appends start on a fresh line.
     """
     path = Path(path)
     if not path.exists():
         return []
     records, keys, kept, dropped = [], set(), [], 0
-    for line in path.read_text(encoding="utf-8").splitlines():
-        if not line.strip():
+    raw = path.read_bytes()
+    for data in raw.split(b"\n"):
+        if not data.strip():
             continue
-        try:
+        try:  # a torn line may end inside a multi-byte character, or hold a record with the wrong field types
+            line = data.decode("utf-8")
             record = EpisodeRecord.from_json(line)
         except (ValueError, TypeError):
             dropped += 1
@@ -350,7 +353,6 @@ def read_records(path: str | Path, repair: bool = False) -> list[EpisodeRecord]:
         keys.add(record.key)
         records.append(record)
         kept.append(line)
-    raw = path.read_bytes()
     if dropped:
         log.warning("%s: dropped %d unreadable line(s) (a write cut short by a kill); those episodes run again",
                     path, dropped)

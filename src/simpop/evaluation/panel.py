@@ -163,7 +163,22 @@ class EpisodeRecord:
         if not isinstance(data, dict):
             raise ValueError("an episode record is a JSON object")
         known = {f for f in cls.__dataclass_fields__}
-        return cls(**{k: v for k, v in data.items() if k in known})
+        record = cls(**{k: v for k, v in data.items() if k in known})
+        for name, kinds in _FIELD_TYPES.items():
+            value = getattr(record, name)
+            if isinstance(value, bool) and bool not in kinds or not isinstance(value, kinds):
+                raise ValueError(f"an episode record's {name} must be {kinds[0].__name__}, got {value!r}"[:200])
+        return record
+
+
+#: What :meth:`EpisodeRecord.from_json` checks a record's fields against (a record a summary can count).
+_FIELD_TYPES: dict[str, tuple[type, ...]] = {
+    "member": (str,), "scenario": (str,), "trial": (int,), "index": (int,), "seed": (int,),
+    "reward": (float, int), "success": (bool,), "turns": (int,), "policy_turns": (int,), "invalid_actions": (int,),
+    "terminated": (bool,), "truncated": (bool,), "transcript": (list,), "simulator": (str,),
+    "error": (str, type(None)), "entropy": (float, int, type(None)), "entropy_weight": (int,), "info": (dict,),
+    "extra": (dict,),
+}
 
 
 def transcript_of(env: Any) -> list[dict[str, str]]:
