@@ -148,16 +148,12 @@ def _describe(hint: Any) -> str:
 
 def parse_env_args(pairs: list[str]) -> dict[str, Any]:
     """Command-line env arguments ``["max_turns=4", ...]`` -> ``{"max_turns": 4}`` (values parsed as YAML scalars)."""
-    import yaml
+    from simpop.user_input import error_line, load_yaml
 
     out = {}
     for pair in pairs:
         key, sep, value = pair.partition("=")
         if not sep or not key:
-            raise ValueError(f"--env-arg takes KEY=VALUE (e.g. max_turns=4), got {pair!r}")
-        try:
-            out[key] = yaml.safe_load(value)
-        except yaml.YAMLError as error:
-            problem = str(error).splitlines()[0]
-            raise ValueError(f"--env-arg {pair}: the value is not a YAML scalar ({problem})") from None
+            raise ValueError(f"--env-arg takes KEY=VALUE (e.g. max_turns=4), got {error_line(repr(pair), 200)}")
+        out[key] = load_yaml(value, f"--env-arg {error_line(pair, 200)}")
     return out

@@ -87,10 +87,9 @@ class _InputError(Exception):
 
 
 def _one_line(error: BaseException) -> str:
-    text = " ".join(part.strip() for part in str(error).strip().splitlines() if part.strip())
-    if isinstance(error, KeyError) and text.startswith(("'", '"')) and text.endswith(("'", '"')):
-        text = text[1:-1]
-    return text or type(error).__name__
+    from simpop.user_input import error_line
+
+    return error_line(error)
 
 
 def _evaluate(args: argparse.Namespace) -> int:

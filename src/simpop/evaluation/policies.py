@@ -403,14 +403,14 @@ def load_run_policy(run_dir: str | Path, step: int | None, env: Any, env_id: str
     Checkpoints are read with :func:`simpop.checkpoint.load` (without touching the global RNGs). Load only
     run folders you trust: checkpoints are pickles.
     """
-    import yaml
+    from simpop.user_input import load_yaml_file
 
     run = Path(run_dir).expanduser()
     info_path, config_path = run / "run.json", run / "config.yaml"
     if not info_path.is_file() or not config_path.is_file():
         raise PolicySpecError(f"{run} is not a simpop train run folder (it needs run.json and config.yaml)")
     info = json.loads(info_path.read_text())
-    config = yaml.safe_load(config_path.read_text()) or {}
+    config = load_yaml_file(config_path) or {}
     if info.get("trainer") == "ppo":
         raise PolicySpecError(f"{run} is a PPO run; its actor-critic lives in simpop.train.ppo, which evaluation "
                               f"does not import; evaluate GRPO-family and co-training runs, or pass the PPO model "

@@ -124,9 +124,9 @@ def load_panel(path_or_data: str | Path | Mapping[str, Any], env: Any = None,
 
     data = path_or_data
     if not isinstance(data, Mapping):
-        import yaml
+        from simpop.user_input import load_yaml_file
 
-        data = yaml.safe_load(Path(data).read_text())
+        data = load_yaml_file(data)
     if not isinstance(data, Mapping) or "members" not in data:
         raise ValueError(f"{path_or_data}: a panel is a mapping with 'members' (a list of specs, or name: spec) "
                          f"and an optional 'name'")

@@ -58,8 +58,9 @@ def run(args: argparse.Namespace) -> int:
     try:
         return _serve(args) if args.study_command == "serve" else _report(args)
     except (ValueError, KeyError, FileNotFoundError, ImportError) as error:
-        text = str(error.args[0]) if isinstance(error, KeyError) and error.args else str(error)
-        print(f"simpop study: error: {text.splitlines()[0] if text else type(error).__name__}", file=sys.stderr)
+        from simpop.user_input import error_line
+
+        print(f"simpop study: error: {error_line(error)}", file=sys.stderr)
         return 2
 
 

@@ -155,13 +155,23 @@ def run(args: argparse.Namespace) -> int:
         except OSError as error:
             raise ValueError(f"--out {args.out}: cannot write the run folder ({error})") from None
     except (ValueError, KeyError, TypeError, OSError) as error:
-        message = error.args[0] if isinstance(error, KeyError) and error.args else error
-        print(f"simpop train {args.trainer}: error: {message}", file=sys.stderr)
+        from simpop.user_input import error_line
+
+        print(f"simpop train {args.trainer}: error: {error_line(error)}", file=sys.stderr)
         return 2
     from simpop.train.loop import run as run_loop
 
-    history = run_loop(trainer, args.updates, args.out, config=configs["loop"], resume=args.resume,
-                       evaluate=evaluate, progress=not args.no_progress, desc=args.trainer, probe=probe, grow=grow)
+    try:
+        history = run_loop(trainer, args.updates, args.out, config=configs["loop"], resume=args.resume,
+                           evaluate=evaluate, progress=not args.no_progress, desc=args.trainer, probe=probe,
+                           grow=grow)
+    except OSError as error:  # a full disk, a folder removed under the run: finished checkpoints are kept
+        from simpop.user_input import error_line
+
+        print(f"simpop train {args.trainer}: error: writing the run in {args.out} failed ({error_line(error)}); "
+              f"its finished checkpoints are kept: fix that, then rerun the same command with --resume",
+              file=sys.stderr)
+        return 2
     if not history:
         print(f"{args.out}: already at update {trainer.update_count} of {args.updates}; nothing to do")
     else:
@@ -398,9 +408,9 @@ def build_configs(entry: TrainerEntry, args: argparse.Namespace) -> dict[str, An
 
 def _yaml_sections(path: Path, classes: dict[str, type]) -> dict[str, dict[str, Any]]:
     """``--config`` values per section; a flat mapping is split by field name (names are disjoint)."""
-    import yaml
+    from simpop.user_input import load_yaml_file
 
-    data = yaml.safe_load(Path(path).read_text()) or {}
+    data = load_yaml_file(path) or {}
     if not isinstance(data, dict):
         raise ValueError(f"{path}: the config file must be a YAML mapping (by section, or of field: value)")
     fields = {section: {f.name for f in dataclasses.fields(cls)} for section, cls in classes.items()}
@@ -432,12 +442,13 @@ def prepare_run_dir(out: Path, resume: bool, configs: dict[str, Any], run_info: 
 
     from simpop import checkpoint
     from simpop.train.config import to_dict
+    from simpop.user_input import load_yaml_file
 
     resolved = {section: to_dict(config) for section, config in configs.items()}
     config_path, info_path = out / "config.yaml", out / "run.json"
     if resume:
         if config_path.exists():
-            saved = yaml.safe_load(config_path.read_text()) or {}
+            saved = load_yaml_file(config_path) or {}
             # A field (or section) that a run from before it existed did not record had its default.
             defaults = {section: to_dict(type(config)()) for section, config in configs.items()}
             changed = [f"{section}.{k}: {saved.get(section, {}).get(k, defaults[section][k])!r} -> {v!r}"

@@ -226,9 +226,9 @@ def nested(value: Any, cls: type[T], default: T) -> T:
 
 def load_yaml(path: str | Path, cls: type) -> dict[str, Any]:
     """Read a YAML mapping of ``cls`` fields, rejecting unknown keys with the list of valid ones."""
-    import yaml
+    from simpop.user_input import load_yaml_file
 
-    data = yaml.safe_load(Path(path).read_text()) or {}
+    data = load_yaml_file(path) or {}
     if not isinstance(data, dict):
         raise ValueError(f"{path}: the config file must be a YAML mapping of field: value")
     names = [f.name for f in dataclasses.fields(cls)]

@@ -49,6 +49,10 @@ from simpop.train import objectives
 
 
 # =================================================================================== configuration
+#: Most dialogues one update may collect (each holds an env and its trajectory in memory until the update).
+MAX_BATCH_SIZE = 16_384
+
+
 @dataclass(frozen=True)
 class GRPOConfig:
     """GRPO settings (the ``simpop train grpo`` flags are generated from these fields).
@@ -116,6 +120,9 @@ class GRPOConfig:
         need(self.group_size >= 2, f"group_size must be >= 2 (GRPO compares dialogues within a group), "
                                    f"got {self.group_size}; use 4-16")
         need(self.scenarios_per_update >= 1, f"scenarios_per_update must be >= 1, got {self.scenarios_per_update}")
+        need(self.batch_size <= MAX_BATCH_SIZE,
+             f"group_size x scenarios_per_update = {self.batch_size} dialogues per update; at most "
+             f"{MAX_BATCH_SIZE} are held in memory at once (typical batches are 16-512)")
         need(self.lr is None or (math.isfinite(self.lr) and self.lr > 0),
              f"lr must be a positive number (e.g. 1e-5 for an LLM, 1e-2 act-level) or None, got {self.lr}")
         for key in ("clip_eps", "clip_eps_high"):

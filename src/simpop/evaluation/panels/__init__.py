@@ -106,7 +106,7 @@ def panel_definition(name_or_path: str | Path) -> PanelDefinition:
         if not path.is_file():
             problem = "is not a file" if path.exists() else "does not exist"
             raise ValueError(f"panel file {path} {problem}; named panels: {', '.join(sorted(files))}")
-        return _parse(path.read_text(encoding="utf-8"), str(path), shipped=None)
+        return _parse(None, str(path), shipped=None)
     raise ValueError(f"unknown panel {text!r}; named panels: {', '.join(sorted(files))} "
                      f"(or give the path of a panel YAML file)")
 
@@ -210,16 +210,15 @@ def _wrap(text: str, indent: str, width: int = 100) -> list[str]:
 
 
 # ------------------------------------------------------------------------------------------ parsing
-def _parse(text: str, source: str, shipped: str | None) -> PanelDefinition:
-    """Validate one panel YAML document (see :func:`panel_definition`)."""
+def _parse(text: str | None, source: str, shipped: str | None) -> PanelDefinition:
+    """Validate one panel YAML document, ``text`` or (None) the file ``source`` (see :func:`panel_definition`)."""
     from simpop.seat import SimulatorSpec
+    from simpop.user_input import load_yaml, load_yaml_file
 
     try:
-        data = yaml.load(text, Loader=_StrictLoader)  # noqa: S506 - a SafeLoader subclass
-    except yaml.YAMLError as error:
-        raise ValueError(f"{source}: not valid YAML: {error}") from None
-    except ValueError as error:  # a repeated key
-        raise ValueError(f"{source}: {error}") from None
+        data = load_yaml_file(source, _StrictLoader) if text is None else load_yaml(text, source, _StrictLoader)
+    except ValueError as error:  # a repeated key (the bounded loader names the source itself)
+        raise ValueError(str(error) if str(error).startswith(source) else f"{source}: {error}") from None
     if not isinstance(data, Mapping):
         raise ValueError(f"{source}: a panel is a YAML mapping with {', '.join(_FIELDS)}")
     unknown = sorted(set(data) - set(_FIELDS))
