@@ -216,6 +216,7 @@ def test_a_local_text_model_is_deterministic_and_resumes_exactly(tmp_path):
     assert len(lines) == 2 and all(json.loads(line)["transcript"][0]["text"] for line in lines)
     (tmp_path / "b").mkdir()
     (tmp_path / "b" / EPISODES).write_text(lines[0])  # a kill after the first record of the chunk
+    (tmp_path / "b" / "eval.json").write_bytes((tmp_path / "a" / "eval.json").read_bytes())
     assert run(tmp_path / "b", resume=True) == whole
     assert sorted(r.to_json() for r in read_records(tmp_path / "b" / EPISODES)) == sorted(l.strip() for l in lines)
 

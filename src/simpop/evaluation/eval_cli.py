@@ -145,6 +145,9 @@ def _evaluate(args: argparse.Namespace) -> int:
                                  ray=ray)
     except ValueError as error:  # settings: an --out holding another evaluation, a resume that does not match
         raise _InputError(_one_line(error)) from None
+    except OSError as error:  # a full disk, a folder removed under the run: finished chunks are kept
+        raise _InputError(f"writing {args.out} failed ({_one_line(error)}); the finished episodes are kept: fix "
+                          f"that, then rerun the same command with --resume") from None
     except KeyboardInterrupt:
         print(f"\nsimpop eval: interrupted; finished episodes are kept in {args.out}; rerun with --resume",
               file=sys.stderr)

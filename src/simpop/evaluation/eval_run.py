@@ -38,12 +38,15 @@ or generated tokens); overall and per member, the weighted mean. Policies withou
 
 from __future__ import annotations
 
+import contextlib
+import fcntl
+import functools
 import json
 import logging
 import math
 import os
 import time
-from collections.abc import Iterable, Mapping, Sequence
+from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -59,6 +62,8 @@ from simpop.simulators.population import Panel
 log = logging.getLogger(__name__)
 
 EPISODES, SUMMARY, REPORT, CHART, SETTINGS = "episodes.jsonl", "summary.json", "report.md", "success.png", "eval.json"
+#: Held (``fcntl.flock``, exclusive) by the evaluation writing a folder; a second one is refused.
+LOCK = ".simpop-eval.lock"
 CI_LEVEL = 0.95
 #: Settings a resumed run must share with the run it continues.
 _RESUME_KEYS = ("env", "env_kwargs", "policy", "panel", "members", "seed", "episodes", "num_trials")
@@ -111,6 +116,38 @@ def _seed(entropy: list[int]) -> int:
 
 
 # ---------------------------------------------------------------------------------------------- the runner
+@contextlib.contextmanager
+def run_lock(out: str | Path) -> Iterator[None]:
+    """Hold ``out``'s lock (made as needed) while an evaluation writes it (ValueError if another one holds it,
+    or ``out`` cannot be a folder). The kernel releases it when its holder dies, so a kill leaves none behind."""
+    out = Path(out)
+    try:
+        if out.exists() and not out.is_dir():
+            raise ValueError(f"--out {out}: exists and is not a folder")
+        out.mkdir(parents=True, exist_ok=True)
+        lock = open(out / LOCK, "a")  # noqa: SIM115 - held until the evaluation ends
+    except OSError as error:
+        raise ValueError(f"--out {out}: cannot make or write the folder ({error.strerror or error})") from None
+    with lock:
+        try:
+            fcntl.flock(lock, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except BlockingIOError:
+            raise ValueError(f"another simpop eval is writing {out} right now; wait for it to end, or choose "
+                             f"another --out") from None
+        yield
+
+
+def _locked(run: Callable[..., Any]) -> Callable[..., Any]:
+    """``run`` (which writes its keyword argument ``out``) holding ``out``'s :func:`run_lock`."""
+    @functools.wraps(run)
+    def locked(*args: Any, out: str | Path, **kwargs: Any) -> Any:
+        with run_lock(out):
+            return run(*args, out=out, **kwargs)
+
+    return locked
+
+
+@_locked
 def evaluate_panel(env_id: str, policy: Any, panel: Panel, *, episodes: int | None = None,
                    num_trials: int | None = None, seed: int = 0, out: str | Path, resume: bool = False,
                    concurrency: int = 8, env_kwargs: Mapping[str, Any] | None = None, progress: bool = False,
@@ -136,7 +173,8 @@ def evaluate_panel(env_id: str, policy: Any, panel: Panel, *, episodes: int | No
         The summary (as written to ``summary.json``).
 
     Raises:
-        ValueError: Bad settings, a non-empty ``out`` without ``resume``, or a resume with other settings.
+        ValueError: Bad settings, a non-empty ``out`` without ``resume``, a resume with other settings, an
+            ``out`` that holds something other than an evaluation, or one another evaluation is writing.
     """
     if not isinstance(concurrency, int) or concurrency < 1:
         raise ValueError(f"concurrency must be an integer >= 1, got {concurrency!r}")
@@ -205,10 +243,27 @@ def _describe(policy: Any) -> str:
 
 
 def _prepare(out: Path, settings: dict[str, Any], resume: bool) -> None:
-    """Check that ``out`` fits a new or resumed evaluation, then write ``eval.json``."""
+    """Check that ``out`` fits a new or resumed evaluation, then write ``eval.json``.
+
+    Only a folder with an ``eval.json`` (an evaluation's) or an empty one is written: the outputs replace
+    ``summary.json``, ``report.md`` and ``success.png``, which must not be another tool's.
+    """
     settings_path, episodes_path = out / SETTINGS, out / EPISODES
-    if resume and settings_path.exists():
-        saved = json.loads(settings_path.read_text())
+    if not settings_path.exists():
+        others = sorted(p.name for p in out.iterdir() if p.name != LOCK)
+        if others:
+            raise ValueError(f"{out} is not empty ({', '.join(others[:5])}{', ...' if len(others) > 5 else ''}) and "
+                             f"holds no {SETTINGS}: not a simpop eval folder; choose a new or empty --out")
+        saved = None
+    else:
+        try:
+            saved = json.loads(settings_path.read_text(encoding="utf-8"))
+        except (OSError, ValueError) as error:
+            raise ValueError(f"{settings_path}: unreadable ({error}); choose another --out") from None
+        if not isinstance(saved, dict):
+            raise ValueError(f"{settings_path} is not a simpop eval settings file (a {type(saved).__name__}, not a "
+                             f"JSON object); choose another --out")
+    if resume and saved is not None:
         changed = [f"{k}: {saved.get(k)!r} -> {settings[k]!r}" for k in _RESUME_KEYS if saved.get(k) != settings[k]]
         if changed:
             raise ValueError(f"--resume with different settings than the evaluation in {out}: " + "; ".join(changed)
@@ -219,8 +274,7 @@ def _prepare(out: Path, settings: dict[str, Any], resume: bool) -> None:
     elif not resume and episodes_path.exists() and episodes_path.stat().st_size > 0:
         raise ValueError(f"{out} already holds an evaluation ({episodes_path}); pass --resume to continue it, "
                          f"or choose another --out")
-    out.mkdir(parents=True, exist_ok=True)
-    settings_path.write_text(json.dumps(settings, indent=2, sort_keys=True) + "\n")
+    _write_atomic(settings_path, json.dumps(settings, indent=2, sort_keys=True) + "\n")
 
 
 def env_view(env: Any) -> Any:

@@ -371,13 +371,15 @@ def load_object_policy(spec: str) -> Any:
 
     try:
         value = load(spec)
-    except (ImportError, AttributeError) as error:
+    except Exception as error:  # the module may raise anything while it is imported
         raise PolicySpecError(f"policy {spec!r}: cannot import it ({type(error).__name__}: {error})") from None
     if not _is_policy(value) and callable(value):
         try:
             value = value()
         except TypeError as error:
             raise PolicySpecError(f"policy {spec!r}: a factory must take no arguments ({error})") from None
+        except Exception as error:
+            raise PolicySpecError(f"policy {spec!r}: its factory raised {type(error).__name__}: {error}") from None
     if not _is_policy(value):
         raise PolicySpecError(f"policy {spec!r} is a {type(value).__name__}, which has no act_batch(observations, "
                               f"rng) method (nor is it a zero-argument factory of such an object)")
