@@ -451,9 +451,12 @@ def _coerce(key: str, value: str | None, default: Any) -> Any:
             raise ValueError(f"parameter {key!r} expects true or false, got {value!r}")
         return value.lower() in ("true", "1")
     try:
-        return type(default)(value)
+        parsed = type(default)(value)
     except ValueError:
         raise ValueError(f"parameter {key!r} expects {type(default).__name__}, got {value!r}") from None
+    if isinstance(parsed, float) and not np.isfinite(parsed):
+        raise ValueError(f"parameter {key!r} expects a finite number, got {value!r}")
+    return parsed
 
 
 class BuildContext(Protocol):

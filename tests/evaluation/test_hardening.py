@@ -149,3 +149,24 @@ def test_a_full_disk_during_an_evaluation_is_a_one_line_error(tmp_path, capsys, 
     assert eval_cli(tmp_path, "--policy", "reference", "--out", str(tmp_path / "out")) == 2
     line = one_line(capsys)
     assert "No space left on device" in line and "--resume" in line
+
+
+@pytest.mark.parametrize("members, needle", [
+    ({"hot": "persuadee?temperature=nan"}, "expects a finite number"),
+    ({"hot": "persuadee?temperature=inf"}, "expects a finite number"),
+    ({"llm": "frozen:smollm2"}, "user seat takes discrete acts"),
+    ({"tau": "native:simpop/Tau2-mock-v0"}, "cannot play PersuasionActEnv's user seat"),
+    ({"   ": "persuadee"}, "not blank"),
+    ({"a\n| fake | row |": "persuadee"}, "no line breaks"),
+])
+def test_panel_specs_that_cannot_run_are_refused_at_setup(tmp_path, capsys, members, needle):
+    import yaml
+
+    (tmp_path / "panel.yaml").write_text(yaml.safe_dump({"name": "bad", "members": members}))
+    from simpop.cli import main
+
+    code = main(["eval", "--env", ENV, "--env-arg", "max_turns=4", "--no-progress", "--panel",
+                 str(tmp_path / "panel.yaml"), "--episodes", "2", "--policy", "reference", "--out",
+                 str(tmp_path / "out")])
+    assert code == 2 and needle in one_line(capsys)
+    assert not (tmp_path / "out").exists()

@@ -379,6 +379,15 @@ class PanelOverlapError(ValueError):
     """A held-out panel member is not held out from training (see :meth:`Panel.check_disjoint`)."""
 
 
+def check_name(name: Any, what: str) -> None:
+    """Refuse a name that cannot label a line of a report: not a string, blank, or with line breaks or other
+    control characters."""
+    text = str(name)
+    if not text.strip() or not text.isprintable():
+        raise ValueError(f"{what} name {text[:80]!r}: names must be printable text (no line breaks or control "
+                         f"characters), not blank")
+
+
 class Panel:
     """A named set of held-out simulators: the ones training never sees.
 
@@ -395,6 +404,9 @@ class Panel:
             raise ValueError("panel members need distinct names")
         if not items:
             raise ValueError(f"panel {name!r} has no members")
+        check_name(name, "panel")
+        for member in items:
+            check_name(member, "panel member")
         self.name = name
         self.members: dict[str, Simulator] = items
         if training is not None:

@@ -72,6 +72,8 @@ class Context:
     def build(self, spec: SimulatorSpec, name: str | None = None) -> Simulator:
         from simpop.envs.registration import load
 
+        if self.env is not None:
+            check_fits(spec, self.env)
         simulator = load(kind(spec.kind).entry_point)(spec, self)
         simulator.name = name or str(spec)
         return simulator
@@ -130,7 +132,27 @@ def load_panel(path_or_data: str | Path | Mapping[str, Any], env: Any = None,
     if not isinstance(data, Mapping) or "members" not in data:
         raise ValueError(f"{path_or_data}: a panel is a mapping with 'members' (a list of specs, or name: spec) "
                          f"and an optional 'name'")
+    from simpop.simulators.population import check_name
+
+    for name in data["members"] if isinstance(data["members"], Mapping) else ():
+        check_name(name, "panel member")
     return Panel(build_many(data["members"], env, backends), name=data.get("name", "heldout"))
+
+
+def check_fits(spec: SimulatorSpec, env: Any, env_id: str | None = None) -> None:
+    """Refuse, before anything is built, a simulator that cannot play ``env``'s user seat: a language-model kind
+    (it writes text) where the seat takes discrete acts (``frozen:smollm2`` on ``simpop/PersuasionAct-v0``)."""
+    from gymnasium import spaces
+
+    action_space = getattr(env, "action_space", None)
+    if not callable(action_space) or not hasattr(env, "user_seat"):  # not a dialogue env: nothing to check
+        return
+    if kind(spec.kind).needs_model and inner_kind(spec.kind, spec.model) is None and isinstance(
+            action_space(env.user_seat), spaces.Discrete):
+        raise ValueError(f"simulator {spec.kind}:{spec.model} is a language-model simulator (it writes text), but "
+                         f"{env_id or type(env).__name__}'s user seat takes discrete acts; use a native kind there "
+                         f"(see `simpop envs`, e.g. persuadee or trainable:persuadee on simpop/PersuasionAct-v0), "
+                         f"or a text env (e.g. simpop/Persuasion-v1) for LLM simulators")
 
 
 def native(spec: SimulatorSpec, context: Context) -> Simulator:
@@ -139,6 +161,10 @@ def native(spec: SimulatorSpec, context: Context) -> Simulator:
 
     env = context.env
     if spec.model:
+        entry = registration.spec(spec.model).entry_point
+        if env is not None and entry != f"{type(env).__module__}:{type(env).__qualname__}":
+            raise ValueError(f"native:{spec.model} is the simulator of {spec.model} ({entry}), which cannot play "
+                             f"{type(env).__name__}'s user seat; use native (this env's own) or another kind")
         env = env if env is not None else registration.make(spec.model)
         factory = registration.spec(spec.model).default_simulator
         where = spec.model

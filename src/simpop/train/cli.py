@@ -379,22 +379,16 @@ def check_out_dir(out: Path, flag: str = "--out") -> None:
 def check_simulator_fits(spec: Any, env: Any, env_id: str) -> None:
     """Refuse, before any rollout, simulator specs that write text (LLM kinds) for an env whose user seat takes
     discrete acts (``frozen:smollm2`` on ``simpop/PersuasionAct-v0``)."""
-    from gymnasium import spaces
+    from simpop.seat import SimulatorSpec
+    from simpop.simulators.registry import check_fits
 
-    from simpop.seat import SimulatorSpec, inner_kind, kind
-
-    if not isinstance(env.action_space(env.user_seat), spaces.Discrete):
-        return
     specs = [spec] if isinstance(spec, str) else list(spec) if isinstance(spec, (list, tuple)) else []
     for text in specs:
-        if not isinstance(text, str):
-            continue
-        parsed = SimulatorSpec.parse(text)
-        if kind(parsed.kind).needs_model and inner_kind(parsed.kind, parsed.model) is None:
-            raise ValueError(f"--simulator {text}: {parsed.kind}:{parsed.model} is a language-model simulator (it "
-                             f"writes text), but {env_id}'s user seat takes discrete acts; use a native kind there "
-                             f"(see `simpop envs`, e.g. persuadee or trainable:persuadee on simpop/PersuasionAct-v0), "
-                             f"or a text env (e.g. simpop/Persuasion-v1) for LLM simulators")
+        if isinstance(text, str):
+            try:
+                check_fits(SimulatorSpec.parse(text), env, env_id)
+            except ValueError as error:
+                raise ValueError(f"--simulator {text}: {error}") from None
 
 
 def build_configs(entry: TrainerEntry, args: argparse.Namespace) -> dict[str, Any]:
