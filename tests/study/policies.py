@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import time
 
 import numpy as np
 
@@ -22,3 +23,11 @@ class Payload:
 
     def act_batch(self, observations: list[str], rng: np.random.Generator) -> list[str]:
         return [self.TEXT for _ in observations]
+
+
+class Slow:
+    """A persuader that takes 6 s per turn (a slow model)."""
+
+    def act_batch(self, observations: list[str], rng: np.random.Generator) -> list[str]:
+        time.sleep(6)
+        return ["Would you give part of your $2?" for _ in observations]

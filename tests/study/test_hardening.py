@@ -35,3 +35,54 @@ def test_a_participant_id_and_the_study_token_do_not_take_over_a_chat(served):
     assert guessed["participant"] != view["participant"] and guessed["chat"] != view["chat"]
     again = httpx.post(f"{url}/api/join", json={"token": TOKEN, "key": view["key"]}, timeout=30).json()
     assert again["chat"] == view["chat"] and again["participant"] == view["participant"]
+
+
+def test_a_chunked_body_over_the_cap_is_refused_unread(served):
+    url, _ = served
+    sent = []
+
+    def chunks():  # 2 MiB, chunked (no Content-Length)
+        for _ in range(32):
+            sent.append(1)
+            yield b" " * 65536
+
+    response = httpx.post(f"{url}/api/join", content=chunks(), headers={"content-type": "application/json"},
+                          timeout=30)
+    assert response.status_code == 413 and len(response.content) < 1000
+    assert "content-security-policy" in response.headers
+
+
+def test_invalid_input_is_described_not_echoed(served):
+    url, _ = served
+    response = httpx.post(f"{url}/api/join", json={"token": "t" * 5000}, timeout=30)
+    assert response.status_code == 422 and "ttttt" not in response.text
+
+
+def test_lone_surrogates_are_refused_with_422(served):
+    url, _ = served
+    view = httpx.post(f"{url}/api/join", json={"token": TOKEN}, timeout=30).json()
+    body = b'{"text": "hi \\ud800 there"}'
+    response = httpx.post(f"{url}/api/chat/{view['chat']}/message", content=body,
+                          headers={"content-type": "application/json"}, timeout=30)
+    assert response.status_code == 422 and "unicode" in response.text
+    joined = httpx.post(f"{url}/api/join", content=b'{"token": "\\udfff"}',
+                        headers={"content-type": "application/json"}, timeout=30)
+    assert joined.status_code == 422
+    assert httpx.get(f"{url}/api/chat/{view['chat']}", timeout=30).json()["messages"][-1]["from"] == "agent"
+
+
+def test_long_polls_against_a_slow_policy_stall_no_one(tmp_path):
+    import concurrent.futures
+
+    study = make_study(tmp_path / "s", policies={"S": "tests.study.policies:Slow"})
+    try:
+        with Server(create_app(study, TOKEN, reply_timeout_s=4.0)) as url:
+            chat = study.join(None)  # the slow persuader is thinking: every poll waits
+            with concurrent.futures.ThreadPoolExecutor(45) as pool:
+                polls = [pool.submit(httpx.get, f"{url}/api/chat/{chat.id}?wait=1", timeout=30) for _ in range(45)]
+                page = httpx.get(f"{url}/", timeout=2.0)  # answered at once, not after the polls
+                codes = [p.result().status_code for p in polls]
+            assert page.status_code == 200
+            assert codes.count(200) == 2 and codes.count(429) == 43
+    finally:
+        study.close()

@@ -5,7 +5,8 @@ Routes (JSON unless said otherwise):
 - ``GET /``: the page (``static/index.html``; ``?token=...`` joins). ``GET /static/*``: its script and style.
 - ``POST /api/join`` ``{token, key?}``: the study token is required (403 otherwise); returns the participant's
   id, their secret key (kept by the page, sent to join again) and the chat's view. Limited per client address.
-- ``GET /api/chat/{id}?wait=1``: the chat's view, waiting up to ``reply_timeout_s`` for the person's turn.
+- ``GET /api/chat/{id}?wait=1``: the chat's view, waiting up to ``reply_timeout_s`` for the person's turn
+  (at most ``max_waits_per_chat`` such waits per chat at once; more: 429).
 - ``POST /api/chat/{id}/message`` ``{text}``: the person's message (or survey answer); returns the view once
   the policy has answered. At most ``max_message_chars`` characters; rate-limited per chat.
 - ``POST /api/chat/{id}/rating`` ``{naturalness: 1..5, would_talk_again: bool}``: saves the chat.
@@ -15,16 +16,27 @@ participant's chats; the pseudonymous participant id (32 bits) grants nothing. R
 (scripts only from this server, no inline script), ``X-Content-Type-Options: nosniff``, ``Referrer-Policy:
 no-referrer`` and ``Cache-Control: no-store``; the page builds the chat with ``textContent`` only, so chat text is
 never parsed as HTML. Rate limits use the ``limits`` package (moving windows, in memory).
+
+Limits: a body over 64 KiB is refused with 413 before it is read beyond the cap, chunked or not, and a body
+must arrive within 30 s (408) (:class:`~simpop.agents.serve_http.RequestGate`, shared with ``simpop serve``); a
+422 names the fields and the rule, never echoes the input (pydantic refuses text that is not valid Unicode,
+such as a lone UTF-16 surrogate: a 422 too). Requests that wait for the policy wait on the event loop, not in a thread, so the page,
+its script and every other chat stay answered while a policy is slow.
 """
 
 # No ``from __future__ import annotations``: FastAPI reads the route signatures, one of which names a class
 # defined inside create_app (its length limit is a setting).
+import asyncio
 import secrets
+import time
+from collections import Counter
 from contextlib import asynccontextmanager
 from pathlib import Path
 from typing import Annotated, Any
 
 from fastapi import FastAPI, HTTPException, Request
+from fastapi.concurrency import run_in_threadpool
+from fastapi.exceptions import RequestValidationError
 from fastapi.responses import FileResponse, JSONResponse
 from fastapi.staticfiles import StaticFiles
 from limits import parse
@@ -32,11 +44,16 @@ from limits.storage import MemoryStorage
 from limits.strategies import MovingWindowRateLimiter
 from pydantic import BaseModel, ConfigDict, Field, StringConstraints
 
+from simpop.agents.serve_http import RequestGate
 from simpop.study.study import Study, StudyError
 
 STATIC = Path(__file__).with_name("static")
 #: Requests with a larger body are refused before they are read (413).
 MAX_BODY_BYTES = 64 * 1024
+#: Seconds a request body may take to arrive (408 after).
+BODY_TIMEOUT_S = 30.0
+#: How often a waiting request looks at its chat.
+_POLL_S = 0.05
 SECURITY_HEADERS = {
     "Content-Security-Policy": ("default-src 'none'; script-src 'self'; style-src 'self'; connect-src 'self'; "
                                 "img-src 'self'; base-uri 'none'; form-action 'none'; frame-ancestors 'none'"),
@@ -61,7 +78,7 @@ class RatingRequest(BaseModel):
 
 
 def create_app(study: Study, token: str, *, max_message_chars: int = 1000, message_rate: str = "1/second;20/minute",
-               join_rate: str = "20/minute", reply_timeout_s: float = 120.0) -> FastAPI:
+               join_rate: str = "20/minute", reply_timeout_s: float = 120.0, max_waits_per_chat: int = 2) -> FastAPI:
     """The app serving ``study`` to people who hold ``token``.
 
     Args:
@@ -71,6 +88,7 @@ def create_app(study: Study, token: str, *, max_message_chars: int = 1000, messa
         message_rate: Messages allowed per chat (``limits`` syntax, e.g. ``"1/second;20/minute"``; more: 429).
         join_rate: Joins allowed per client address.
         reply_timeout_s: Longest a request waits for the policy's reply (the page then asks again).
+        max_waits_per_chat: Requests of one chat that may wait for the policy at once (more: 429).
     """
     if len(token) < 8:
         raise ValueError("the study token must have at least 8 characters")
@@ -88,6 +106,9 @@ def create_app(study: Study, token: str, *, max_message_chars: int = 1000, messa
 
     app = FastAPI(title="simpop study", docs_url=None, redoc_url=None, openapi_url=None, lifespan=lifespan)
     app.mount("/static", StaticFiles(directory=STATIC), name="static")
+    # Chunked bodies too: counted while read, refused at the cap (the guard below adds the headers).
+    app.add_middleware(RequestGate, api_key=None, max_body_bytes=MAX_BODY_BYTES, read_timeout_s=BODY_TIMEOUT_S)
+    waiting: Counter[str] = Counter()
 
     @app.middleware("http")
     async def guard(request: Request, call_next):
@@ -103,6 +124,30 @@ def create_app(study: Study, token: str, *, max_message_chars: int = 1000, messa
     async def refused(request: Request, error: StudyError):
         return JSONResponse({"detail": str(error)}, status_code=error.status)
 
+    @app.exception_handler(RequestValidationError)
+    async def invalid(request: Request, error: RequestValidationError):
+        # FastAPI's default echoes each bad input back (a whole oversized or undecodable body): names only.
+        errors = [{"loc": list(e.get("loc", ())), "msg": str(e.get("msg", ""))[:200], "type": e.get("type")}
+                  for e in error.errors()[:10]]
+        return JSONResponse({"detail": errors}, status_code=422)
+
+    def check_waits(chat) -> None:
+        if waiting[chat.id] >= max_waits_per_chat:
+            raise HTTPException(429, "this chat is already waiting for the agent in other requests")
+
+    async def wait_turn(chat, after: int = -1) -> None:
+        """Wait on the event loop (no thread held) until the person's turn or the end, or the timeout."""
+        check_waits(chat)
+        waiting[chat.id] += 1
+        try:
+            deadline = time.monotonic() + reply_timeout_s
+            while not chat.ready(after) and time.monotonic() < deadline:
+                await asyncio.sleep(_POLL_S)
+        finally:
+            waiting[chat.id] -= 1
+            if not waiting[chat.id]:
+                del waiting[chat.id]
+
     def limit(rates: list[Any], *key: str) -> None:
         if not all(limiter.hit(rate, *key) for rate in rates):
             raise HTTPException(429, "too many requests: slow down a little")
@@ -111,34 +156,36 @@ def create_app(study: Study, token: str, *, max_message_chars: int = 1000, messa
         return {**chat.view(), "max_message_chars": max_message_chars}
 
     @app.get("/", include_in_schema=False)
-    def page() -> FileResponse:
+    async def page() -> FileResponse:
         return FileResponse(STATIC / "index.html", media_type="text/html")
 
     @app.post("/api/join")
-    def join(body: JoinRequest, request: Request) -> dict[str, Any]:
+    async def join(body: JoinRequest, request: Request) -> dict[str, Any]:
         limit(join_limits, "join", request.client.host if request.client else "?")
         if not secrets.compare_digest(body.token.encode(), token.encode()):
             raise HTTPException(403, "wrong study token: use the link the researcher gave you")
-        chat = study.join(body.key)
-        chat.wait_turn(reply_timeout_s)
+        chat = await run_in_threadpool(study.join, body.key)  # saves swept chats, builds an env: brief
+        await wait_turn(chat)
         return {"participant": chat.participant, "key": chat.key, "chats": study.settings["chats_per_participant"],
                 **chat_view(chat)}
 
     @app.get("/api/chat/{chat_id}")
-    def show(chat_id: str, wait: bool = False) -> dict[str, Any]:
+    async def show(chat_id: str, wait: bool = False) -> dict[str, Any]:
         chat = study.chat(chat_id)
         if wait:
-            chat.wait_turn(reply_timeout_s)
+            await wait_turn(chat)
         return chat_view(chat)
 
     @app.post("/api/chat/{chat_id}/message")
-    def message(chat_id: str, body: MessageRequest) -> dict[str, Any]:
+    async def message(chat_id: str, body: MessageRequest) -> dict[str, Any]:
         chat = study.chat(chat_id)
         limit(message_limits, "message", chat_id)
+        check_waits(chat)  # before the message is handed over: a refused request changes nothing
         try:
-            chat.send(body.text, reply_timeout_s)
+            asked = chat.post(body.text)
         except RuntimeError as error:
             raise StudyError(str(error)) from None
+        await wait_turn(chat, asked)
         return chat_view(chat)
 
     @app.post("/api/chat/{chat_id}/rating")

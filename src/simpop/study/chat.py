@@ -153,13 +153,16 @@ class Chat:
         """Seconds since the dialogue ended (0 while it runs)."""
         return 0.0 if self._ended_at is None else time.monotonic() - self._ended_at
 
-    def wait_turn(self, timeout_s: float, after: int = -1) -> bool:
-        """Wait until the person is asked (for the ``after``-th time or later) or the dialogue ends."""
-        return self.seat.wait(lambda: self.done or (self.seat.observation is not None and self.seat.asks > after),
-                              timeout_s)
+    def ready(self, after: int = -1) -> bool:
+        """Whether the person is asked (for the ``after``-th time or later) or the dialogue has ended."""
+        return self.done or (self.seat.observation is not None and self.seat.asks > after)
 
-    def send(self, text: str, timeout_s: float) -> None:
-        """The person's message (or survey answer); waits up to ``timeout_s`` for their next turn or the end.
+    def wait_turn(self, timeout_s: float, after: int = -1) -> bool:
+        """Wait (blocking this thread) until :meth:`ready`; False on timeout."""
+        return self.seat.wait(lambda: self.ready(after), timeout_s)
+
+    def post(self, text: str) -> int:
+        """Hand the person's message (or survey answer) to the dialogue; returns the turn count to wait past.
 
         Raises:
             RuntimeError: It is not the person's turn (or the chat is over).
@@ -168,7 +171,11 @@ class Chat:
             raise RuntimeError("this chat is over")
         asked = self.seat.asks
         self.seat.reply(text)
-        self.wait_turn(timeout_s, after=asked)
+        return asked
+
+    def send(self, text: str, timeout_s: float) -> None:
+        """:meth:`post`, then wait up to ``timeout_s`` for the person's next turn or the end."""
+        self.wait_turn(timeout_s, after=self.post(text))
 
     def close(self, timeout_s: float = 5.0) -> None:
         """End the dialogue now (a pending turn is abandoned) and wait for its record."""
