@@ -102,7 +102,8 @@ class SimpopServer:
                           self._count_rejection)
         config = uvicorn.Config(
             app, http=functools.partial(HeadTimeoutProtocol, head_timeout_s=limits.read_timeout_s),
-            timeout_keep_alive=limits.keep_alive_s, lifespan="off", ws="none", log_config=None,
+            timeout_keep_alive=limits.keep_alive_s, timeout_graceful_shutdown=limits.shutdown_grace_s,
+            lifespan="off", ws="none", log_config=None,
             access_log=log_requests, log_level="info" if log_requests else "warning",
         )
         self._uvicorn = uvicorn.Server(config)
@@ -239,6 +240,11 @@ def _app(server: SimpopServer) -> Any:
             raise RequestError(400, f"the body is not valid JSON: {exc}") from None
         if not isinstance(data, dict):
             raise RequestError(400, "the body must be a JSON object")
+        try:  # JSON's \\ud800 escapes decode to lone surrogates, which no tokenizer or response can encode
+            json.dumps(data, ensure_ascii=False).encode("utf-8")
+        except UnicodeEncodeError:
+            raise RequestError(400, "the body holds text that is not valid Unicode (a lone UTF-16 surrogate "
+                                    "escape such as \\ud800)") from None
         try:
             return model.model_validate(data)
         except ValidationError as exc:
@@ -276,7 +282,7 @@ def _app(server: SimpopServer) -> Any:
                 prompt_tokens = sum(len(m["content"].encode()) for m in chat)
             _check_limits(server.limits, body, prompt_tokens, max_tokens)
             params = _params(body, max_tokens, body.logprobs, schema)
-            generations = await _generate(server, method, [row] * body.n, params)
+            generations = await _generate(server, request, method, [row] * body.n, params)
             tops = None
             if top_k:
                 tops = await _in_thread(server, _top_logprobs, server.backend, generations, top_k, params)
@@ -302,7 +308,8 @@ def _app(server: SimpopServer) -> Any:
                 _check_top_logprobs(backend, None)
             _check_limits(server.limits, body, sum(map(len, prompts)), body.max_tokens, prompts=len(prompts))
             params = _params(body, body.max_tokens, body.logprobs is not None, None)
-            generations = await _generate(server, "generate_ids", [p for p in prompts for _ in range(body.n)], params)
+            generations = await _generate(server, request, "generate_ids", [p for p in prompts for _ in range(body.n)],
+                                          params)
             tops = await _in_thread(server, _top_logprobs, backend, generations, top_k, params) if top_k else None
             if body.stream:
                 usage = body.stream_options is not None and body.stream_options.include_usage
@@ -364,15 +371,36 @@ def _check_top_logprobs(backend: Any, schema: dict[str, Any] | None) -> None:
                                 "see the schema's constraint)", param="top_logprobs")
 
 
-async def _generate(server: SimpopServer, method: str, rows: list[Any], params: SamplingParams) -> list[Generation]:
+async def _generate(server: SimpopServer, request: Request, method: str, rows: list[Any],
+                    params: SamplingParams) -> list[Generation]:
+    """The batcher's generations for ``rows``; if the client disconnects first, the job is cancelled (the model
+    stops working on it, see :mod:`simpop.agents.serve_batching`) and the request ends with 499."""
+    import asyncio
+
+    job = asyncio.ensure_future(server.batcher.generate(method, rows, params))
+    gone = asyncio.ensure_future(_disconnected(request))
     try:
-        return await server.batcher.generate(method, rows, params)
+        await asyncio.wait((job, gone), return_when=asyncio.FIRST_COMPLETED)
+    finally:  # also when this request itself is cancelled (a server shutting down)
+        gone.cancel()
+        if not job.done():
+            job.cancel()
+    if not job.done() or job.cancelled():
+        raise RequestError(499, "the client closed the connection before the answer", code="client_closed")
+    try:
+        return job.result()
     except RequestError:
         raise
     except ValueError as error:  # the backend rejected the input (e.g. prompt too long)
         raise RequestError(400, str(error)) from None
     except Exception as error:
         raise RequestError(500, f"{type(error).__name__}: {error}", code="server_error") from None
+
+
+async def _disconnected(request: Request) -> None:
+    """Return once the client has gone (the ASGI ``http.disconnect``; the body was read before)."""
+    while (await request.receive())["type"] != "http.disconnect":
+        pass
 
 
 async def _in_thread(server: SimpopServer, function: Any, *args: Any) -> Any:
@@ -579,6 +607,8 @@ def configure(parser: argparse.ArgumentParser) -> None:
                         help="seconds a client has to send its request head, and again its body")
     simpop.add_argument("--keep-alive-timeout", type=float, default=defaults.keep_alive_s,
                         help="seconds an idle keep-alive connection stays open")
+    simpop.add_argument("--shutdown-grace", type=float, default=defaults.shutdown_grace_s,
+                        help="seconds a stopping server lets requests in flight finish before cancelling them")
     parser.add_argument("--log-requests", action="store_true", help="log every HTTP request")
 
 
@@ -596,7 +626,8 @@ def run(args: argparse.Namespace) -> int:
         limits = Limits(max_body_bytes=args.max_body_bytes, max_n=args.max_n, max_stop=args.max_stop,
                         max_request_compute=args.max_request_compute, max_request_tokens=args.max_request_tokens,
                         default_max_tokens=args.default_max_tokens,
-                        read_timeout_s=args.read_timeout, keep_alive_s=args.keep_alive_timeout)
+                        read_timeout_s=args.read_timeout, keep_alive_s=args.keep_alive_timeout,
+                        shutdown_grace_s=args.shutdown_grace)
     except ValueError as error:
         raise SystemExit(f"simpop serve: {error}") from None
     options = {k: v for k, v in {"dtype": args.dtype, "threads": args.threads}.items() if v is not None}

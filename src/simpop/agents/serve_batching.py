@@ -1,4 +1,10 @@
-"""Micro-batching for ``simpop serve``: concurrent requests with the same settings become one backend call."""
+"""Micro-batching for ``simpop serve``: concurrent requests with the same settings become one backend call.
+
+A job whose request is cancelled (its client disconnected, or the server is shutting down) leaves the queue;
+when every job of the running batch is gone, the backend's ``stop_event`` (if it has one, as
+:class:`~simpop.agents.transformers_backend.TransformersBackend` does) is set, so the model stops at its next
+token instead of finishing work nobody will read.
+"""
 
 from __future__ import annotations
 
@@ -50,6 +56,7 @@ class MicroBatcher:
         self.model_lock = threading.Lock()
         self._model_thread = ThreadPoolExecutor(1, thread_name_prefix="simpop-serve-model")
         self._pending: collections.deque[_Job] = collections.deque()
+        self._running: list[_Job] = []
         self._wake: asyncio.Event | None = None
         self._worker: asyncio.Task | None = None
 
@@ -63,11 +70,24 @@ class MicroBatcher:
         self._pending.append(job)
         if len(self._pending) == 1 or self._rows(self._pending[0].key) >= self.max_batch:
             self._wake.set()  # type: ignore[union-attr]
-        return await job.future
+        try:
+            return await job.future
+        except asyncio.CancelledError:  # the request was cancelled: nobody reads this job's rows
+            if job in self._pending:
+                self._pending.remove(job)
+            elif job in self._running and all(j.future.done() for j in self._running):
+                self._stop_backend()
+            raise
 
     def close(self) -> None:
-        """Stop the model thread after its running batch (the loop's end cancels the waiting jobs)."""
+        """Stop the running batch at its next token (where the backend can) and the model thread."""
+        self._stop_backend()
         self._model_thread.shutdown(wait=True, cancel_futures=True)
+
+    def _stop_backend(self) -> None:
+        event = getattr(self.backend, "stop_event", None)
+        if isinstance(event, threading.Event):
+            event.set()
 
     async def _loop(self) -> None:
         assert self._wake is not None
@@ -98,6 +118,7 @@ class MicroBatcher:
 
     async def _run(self, batch: list[_Job]) -> None:
         self.batches += 1
+        self._running = batch
         try:
             generations = await asyncio.get_running_loop().run_in_executor(self._model_thread, self._call, batch)
         except ValueError as error:
@@ -115,9 +136,16 @@ class MicroBatcher:
             for job in batch:
                 _settle(job.future, result=generations[start : start + len(job.inputs)])
                 start += len(job.inputs)
+        finally:
+            self._running = []
 
     def _call(self, batch: list[_Job]) -> list[Generation]:
         with self.model_lock:
+            event = getattr(self.backend, "stop_event", None)
+            if isinstance(event, threading.Event):
+                event.clear()
+            if all(job.future.done() for job in batch):  # every request was cancelled while the batch waited
+                return []
             call = getattr(self.backend, batch[0].method)
             return call([x for job in batch for x in job.inputs], batch[0].params)
 

@@ -231,6 +231,8 @@ class Limits:
         default_max_tokens: ``max_tokens`` of a chat request that sends none (``--default-max-tokens``).
         read_timeout_s: Seconds a client has to send a whole request, head and body (``--read-timeout``).
         keep_alive_s: Seconds an idle keep-alive connection stays open (``--keep-alive-timeout``).
+        shutdown_grace_s: Seconds a stopping server (Ctrl-C, SIGTERM) lets requests in flight finish before it
+            cancels them, stopping the model at its next token (``--shutdown-grace``).
     """
 
     max_body_bytes: int = 8 * 2**20
@@ -241,6 +243,7 @@ class Limits:
     default_max_tokens: int = 512
     read_timeout_s: float = 30.0
     keep_alive_s: float = 5.0
+    shutdown_grace_s: float = 5.0
 
     def __post_init__(self) -> None:
         for name in ("max_body_bytes", "max_n", "max_stop", "max_request_compute", "max_request_tokens",
@@ -249,6 +252,8 @@ class Limits:
                 raise ValueError(f"{name} must be >= 1, got {getattr(self, name)}")
         if self.read_timeout_s <= 0 or self.keep_alive_s <= 0:
             raise ValueError("read_timeout_s and keep_alive_s must be > 0")
+        if not self.shutdown_grace_s >= 0:
+            raise ValueError(f"shutdown_grace_s must be >= 0, got {self.shutdown_grace_s}")
 
     def check(self, request: _Request, prompt_tokens: int, max_tokens: int, prompts: int = 1) -> None:
         """Raise :class:`LimitExceeded` if ``request`` asks for more than these limits allow."""

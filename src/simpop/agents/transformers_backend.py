@@ -32,6 +32,7 @@ import functools
 import json
 import os
 import sys
+import threading
 from collections import OrderedDict
 from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
@@ -209,6 +210,18 @@ class JSONSchemaMask:
         return [m.get_error() for m in self.matchers if m.is_error()]
 
 
+class _StopWhenSet:
+    """A transformers stopping criterion: every row is done once ``event`` is set."""
+
+    def __init__(self, event: threading.Event) -> None:
+        self.event = event
+
+    def __call__(self, input_ids: torch.Tensor, scores: torch.Tensor, **kwargs: object) -> torch.Tensor:
+        import torch
+
+        return torch.full((input_ids.shape[0],), self.event.is_set(), dtype=torch.bool, device=input_ids.device)
+
+
 @dataclass
 class TokenScores:
     """Per-token scores of padded sequences; index ``[b, t]`` scores token ``t`` of sequence ``b``.
@@ -306,6 +319,9 @@ class TransformersBackend:
         self.prefix_hits = self.prefix_misses = self.prefix_reused_tokens = 0
         self._llg_tokenizer = None
         self._grammars: OrderedDict[str, str] = OrderedDict()
+        #: While set, a running :meth:`generate_ids` stops at its next token (a server whose clients left, or
+        #: that is shutting down, sets it; the caller clears it before the next call).
+        self.stop_event = threading.Event()
 
     #: Honours ``SamplingParams.json_schema`` (constrained decoding, see the module docstring).
     supports_json_schema = True
@@ -389,6 +405,7 @@ class TransformersBackend:
                 generation_config=config,
                 tokenizer=self.tokenizer,  # needed by transformers' per-sample stop-string criterion
                 logits_processor=processors,
+                stopping_criteria=transformers.StoppingCriteriaList([_StopWhenSet(self.stop_event)]),
                 **({"cache": cache} if cache is not None else {}),
             )
         new_tokens = out.sequences[:, width:].tolist()
