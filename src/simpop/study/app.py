@@ -12,16 +12,16 @@ Routes (JSON unless said otherwise):
 - ``POST /api/chat/{id}/rating`` ``{naturalness: 1..5, would_talk_again: bool}``: saves the chat.
 
 A chat id (144 random bits) is the capability for its chat, a participant key (144 random bits) for the
-participant's chats; the pseudonymous participant id (32 bits) grants nothing. Responses carry a strict Content-Security-Policy
-(scripts only from this server, no inline script), ``X-Content-Type-Options: nosniff``, ``Referrer-Policy:
-no-referrer`` and ``Cache-Control: no-store``; the page builds the chat with ``textContent`` only, so chat text is
-never parsed as HTML. Rate limits use the ``limits`` package (moving windows, in memory).
+participant's chats; the pseudonymous participant id (32 bits) grants nothing. Responses carry a strict
+Content-Security-Policy (scripts only from this server, no inline script), ``X-Content-Type-Options: nosniff``,
+``Referrer-Policy: no-referrer`` and ``Cache-Control: no-store``; the page builds the chat with ``textContent``
+only, so chat text is never parsed as HTML. Rate limits use the ``limits`` package (moving windows, in memory).
 
-Limits: a body over 64 KiB is refused with 413 before it is read beyond the cap, chunked or not, and a body
-must arrive within 30 s (408) (:class:`~simpop.agents.serve_http.RequestGate`, shared with ``simpop serve``); a
-422 names the fields and the rule, never echoes the input (pydantic refuses text that is not valid Unicode,
-such as a lone UTF-16 surrogate: a 422 too). Requests that wait for the policy wait on the event loop, not in a thread, so the page,
-its script and every other chat stay answered while a policy is slow.
+Limits: a body over 64 KiB is refused with 413 before it is read beyond the cap, chunked or not, and a body must
+arrive within 30 s (408) (:class:`~simpop.agents.serve_http.RequestGate`, shared with ``simpop serve``); a 422 names
+the fields and the rule, never echoes the input (pydantic refuses text that is not valid Unicode, such as a lone
+UTF-16 surrogate: a 422 too). Requests that wait for the policy wait on the event loop, not in a thread, so the
+page, its script and every other chat stay answered while a policy is slow.
 """
 
 # No ``from __future__ import annotations``: FastAPI reads the route signatures, one of which names a class
@@ -208,4 +208,5 @@ def serve(app: FastAPI, host: str, port: int) -> None:
     """Run ``app`` with uvicorn until interrupted."""
     import uvicorn
 
-    uvicorn.run(app, host=host, port=port, log_level="warning")
+    # Requests waiting for a policy are cancelled 5 s into a shutdown: Ctrl-C stops the study promptly.
+    uvicorn.run(app, host=host, port=port, log_level="warning", timeout_graceful_shutdown=5)

@@ -5,12 +5,12 @@ person; the records' ``member``) and a secret key (144 random bits) that their p
 again: the key, not the id, is the capability for the participant's chats (the study keeps only its SHA-256,
 in the records, so a restarted study still knows it). A join with an unknown key makes a new participant.
 
-**Assignment.** Each participant has a join index (the next unused one, also after a restart). Participant ``i``'s arm order is a permutation of the arms drawn from
-``(seed, i)``; their ``k``-th chat plays arm ``order[k % arms]`` on the ``k``-th scenario of a permutation of
-the study's scenarios drawn from ``(seed, i)``, with an env seed from ``(seed, i, k)``. With
-``chats_per_participant`` equal to the number of arms (the default) every participant talks to every policy
-once, in random order (a within-participant design: ``simpop study report`` pairs a participant's chats).
-The page never learns which arm a chat plays.
+**Assignment.** Each participant has a join index (the next unused one, also after a restart). Participant ``i``'s
+arm order is a permutation of the arms drawn from ``(seed, i)``; their ``k``-th chat plays arm ``order[k % arms]``
+on the ``k``-th scenario of a permutation of the study's scenarios drawn from ``(seed, i)``, with an env seed from
+``(seed, i, k)``. With ``chats_per_participant`` equal to the number of arms (the default) every participant talks
+to every policy once, in random order (a within-participant design: ``simpop study report`` pairs a participant's
+chats). The page never learns which arm a chat plays.
 
 **Saving.** A chat is saved once: when the person rates it, or (ratings None) when it was abandoned or left
 unrated for ``rating_timeout_s``, or when the server stops (:meth:`Study.close`).
