@@ -15,8 +15,9 @@ With ``--run DIR`` (or a ``run:DIR`` policy) the panel must be held out from tha
 (:meth:`~simpop.simulators.population.Panel.check_disjoint`).
 
 Exit codes: 0 done; 1 every episode failed; 2 bad input (unknown env, panel, policy, unreachable endpoint,
-an ``--out`` holding another evaluation, ...), with a one-line message; 130 interrupted (finished episodes
-are kept: rerun with ``--resume``).
+an ``--out`` holding another evaluation or something else, one another run is writing, a full disk, ...),
+with a one-line message; 130 interrupted (finished episodes are kept: rerun with ``--resume``). Every limit:
+``docs/limits.md``.
 """
 
 from __future__ import annotations

@@ -26,6 +26,9 @@ each worker sends back its envs' transcripts. τ² envs stay local (their result
 episodes run again one at a time (each with its own seed), and an episode that still raises is recorded
 with ``error`` (success 0), counted and logged. ``KeyboardInterrupt`` stops the run; finished chunks stay.
 
+**The folder.** A run holds an exclusive lock on ``out`` (:func:`run_lock`, ``fcntl.flock``) and writes only an
+empty folder or one with an ``eval.json`` (an evaluation's): never another tool's files.
+
 **Outputs** in ``out``: ``eval.json`` (settings), ``episodes.jsonl`` (:class:`~simpop.evaluation.panel.EpisodeRecord`
 per line), ``summary.json`` (overall and per-member success with Wilson 95% intervals, per-task breakdown,
 policy entropy, error counts; τ² envs: pass^k for k = 1..num_trials), ``report.md`` (tables and the panel
