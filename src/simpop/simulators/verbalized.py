@@ -407,7 +407,11 @@ class VerbalizedSimulator(LLMSimulator):
             free text, parsed robustly (for servers without structured output).
         fallback_temperature: Temperature of the plain sampling used when the answer is unusable.
         fallback_max_new_tokens: Token budget of a fallback reply.
-        name, personas, persona_set, fallback_reply, text_format: As for :class:`LLMSimulator`.
+        name: As for :class:`LLMSimulator`.
+        personas: As for :class:`LLMSimulator`.
+        persona_set: As for :class:`LLMSimulator`.
+        fallback_reply: As for :class:`LLMSimulator`.
+        text_format: As for :class:`LLMSimulator`.
 
     Attributes:
         schema: The JSON schema of an answer (sent only when ``constrained``).

@@ -54,7 +54,8 @@ class PoolGrower:
     """One growth round per call (module docstring); ``grower(step, record=None) -> what it did``.
 
     Args:
-        env_id, env_kwargs: The env the probe runs.
+        env_id: The env the probe runs.
+        env_kwargs: Its constructor arguments.
         env: An env instance (the failure model reads scenarios from it; simulators are built for it).
         trainer: Has ``policy`` and the pool (``training_simulator``).
         probe: The probe panel (never the held-out panel).

@@ -233,7 +233,8 @@ class PersuasionEnv(_PersuasionEnv):
     Args:
         max_turns: Persuader–persuadee exchanges before the survey (or truncation).
         max_message_chars: Longest accepted message.
-        n_scenarios, scenario_seed: Size and seed of the default persona set.
+        n_scenarios: Size of the default persona set.
+        scenario_seed: Seed of the default persona set.
         corpus_dir: Use the P4G corpus's persuadee personas instead (see ``corpus.py``).
         render_mode: ``"ansi"`` or ``"human"``.
         survey: Ask the closing survey (``simpop/Persuasion-v1``); False truncates undecided dialogues
