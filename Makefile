@@ -74,7 +74,7 @@ bench: $(STAMP) $(VLLM_STAMP)
 # (a broken link, cross-reference or docstring) fails. `make test` builds it too (tests/test_docs.py).
 .PHONY: docs
 docs: $(STAMP)
-	$(VENV)/bin/mkdocs build --strict
+	NO_MKDOCS_2_WARNING=1 $(VENV)/bin/mkdocs build --strict   # (the variable silences Material's end-of-life banner)
 
 clean:
 	rm -rf $(VENV) runs .pytest_cache

@@ -2,6 +2,7 @@
 
 - ``#:`` comments above a module or class attribute (Sphinx's attribute docstrings, e.g. ``seat.KINDS``)
   become that attribute's docstring.
+- reST's literal-block marker (``Example::``) becomes a colon.
 - Sphinx roles (``:class:`~simpop.x.Y```) become Markdown. A role whose target resolves to a public simpop
   object that the reference renders (a module, or a class, function or attribute with a docstring; absolute,
   or relative to the docstring's module/package with a leading dot) becomes a cross-reference
@@ -19,6 +20,7 @@ from typing import Any
 import griffe
 
 ROLE = re.compile(r":(?:py:)?(?:mod|class|func|meth|attr|data|exc|obj|const):`(?P<body>[^`]+)`")
+LITERAL_MARKER = re.compile(r"(?<=\S)(::)$|^\s*::$", re.M)
 LABELLED = re.compile(r"^(?P<label>.+?)\s*<(?P<target>[^>]+)>$")
 
 
@@ -64,8 +66,10 @@ class SphinxRoles(griffe.Extension):
             return
         seen.add(obj.path)
         if obj.docstring is not None and ":" in obj.docstring.value:
-            obj.docstring.value = ROLE.sub(lambda m: self._render(m.group("body"), obj, loader),
-                                           obj.docstring.value)
+            value = ROLE.sub(lambda m: self._render(m.group("body"), obj, loader), obj.docstring.value)
+            # reST's literal-block marker: "Example::" reads "Example:", a lone "::" line goes (the indented
+            # block that follows is a Markdown code block as it is).
+            obj.docstring.value = LITERAL_MARKER.sub(lambda m: ":" if m.group(1) else "", value)
         for member in obj.members.values():
             if not member.is_alias:
                 self._walk(member, loader, seen)

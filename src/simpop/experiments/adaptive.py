@@ -359,6 +359,9 @@ def plot(records: Sequence[dict[str, Any]], out: Path, order: Sequence[str]) -> 
 
 
 def write_outputs(out: Path, config: AdaptiveConfig, wall_time_s: float) -> Path:
+    """Write the experiment's ``metrics.jsonl``, ``summary.json``, report and plots into ``out``; returns the report's
+    path.
+    """
     from simpop.experiments import collapse
 
     records = collapse.read_records(out, config)

@@ -255,6 +255,7 @@ class CollapseConfig:
         return sorted({*range(0, self.updates + 1, self.eval_every), self.updates})
 
     def env_kwargs(self) -> dict[str, Any]:
+        """The env arguments every run uses."""
         return {"max_turns": self.max_turns}
 
 
@@ -734,6 +735,7 @@ class Progress:
         self.heldout: dict[str, float] = {}
 
     def report(self, condition: str, seed: int, step: int, record: dict[str, Any]) -> None:
+        """Count a finished update, or show a new held-out success, of ``(condition, seed)``."""
         if record.get("kind") == "train":
             self.bar.update(1)
         elif "heldout_success" in record and not math.isnan(record["heldout_success"]):
@@ -741,9 +743,11 @@ class Progress:
             self.bar.set_postfix({f"{c}": f"{v:.2f}" for c, v in self.heldout.items()}, refresh=False)
 
     def drain(self, queue: Any) -> None:
+        """Report every record waiting in ``queue`` (from worker processes)."""
         while not queue.empty():
             self.report(*queue.get())
 
     def close(self) -> None:
+        """Close the progress bar."""
         self.bar.close()
 

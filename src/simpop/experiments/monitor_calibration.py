@@ -179,6 +179,7 @@ def summarise(results: list[dict[str, Any]], config: MonitorCalibrationConfig, w
 
 
 def render_report(summary: dict[str, Any]) -> str:
+    """The calibration report (Markdown) of a summary: settings, per-rule table, per-run lines."""
     c = summary["config"]
     lines = ["# Collapse monitor calibration (act-level P4G)", "",
              f"Conditions {c['conditions']}, seeds {c['first_seed']}..{c['first_seed'] + c['seeds'] - 1}, "

@@ -143,6 +143,7 @@ class SimpopServer:
         self.close()
 
     def stats(self) -> dict[str, int]:
+        """Request counters: received, in flight now and at most, rejected (4xx), and backend batches."""
         return {"requests": self.requests, "in_flight": self.in_flight, "max_in_flight": self.max_in_flight,
                 "rejected": self.rejected, "batches": self.batcher.batches}
 
@@ -538,6 +539,7 @@ async def _sse(chunks: Iterator[dict[str, Any]]) -> AsyncIterator[bytes]:
 
 
 def configure(parser: argparse.ArgumentParser) -> None:
+    """Add ``simpop serve``'s arguments to ``parser``."""
     defaults = Limits()
     parser.add_argument("--engine", choices=("simpop", "vllm"), default="simpop",
                         help="simpop: this server over any simpop backend; vllm: vLLM's own OpenAI server "
@@ -583,6 +585,7 @@ def configure(parser: argparse.ArgumentParser) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
+    """Run ``simpop serve`` with parsed arguments until interrupted; returns the exit code."""
     logging.basicConfig(
         level=logging.DEBUG if args.log_requests else logging.INFO, format="%(asctime)s %(message)s"
     )

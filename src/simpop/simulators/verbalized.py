@@ -608,13 +608,16 @@ class Renormalised(Simulator):
         return actions
 
     def distribution(self, observation: Any, slot: int = 0) -> list[tuple[Any, float]]:
+        """The inner simulator's stated distribution for ``slot``, renormalised (floor, then temperature ``tau``)."""
         options = self.inner.distribution(observation, slot)
         return list(zip([a for a, _ in options], renormalise([q for _, q in options], self.floor, self.tau)))
 
     def commit(self, observation: Any, slot: int, action: Any) -> None:
+        """Tell the inner simulator which action was taken in ``slot``."""
         self.inner.commit(observation, slot, action)
 
     def slot_rng(self, slot: int) -> np.random.Generator:
+        """The inner simulator's generator for ``slot``."""
         return self.inner.slot_rng(slot)
 
 

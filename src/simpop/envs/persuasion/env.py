@@ -290,6 +290,7 @@ class PersuasionEnv(_PersuasionEnv):
         return info
 
     def step(self, actions: dict[str, Any]):
+        """The base's step, with the dialogue's phase (``dialogue`` or ``survey``) in every info."""
         observations, rewards, terminations, truncations, infos = super().step(actions)
         for info in infos.values():  # the phase after the step (the base's infos are begun before it)
             info["phase"] = self.phase
@@ -350,6 +351,7 @@ class PersuasionEnv(_PersuasionEnv):
         return self.text_observation(seat, instructions=instructions)
 
     def render(self) -> str | None:
+        """The transcript, then the closing survey's answer if it was asked."""
         text = super().render()
         if text is None or self.survey_answer is None:
             return text
