@@ -70,5 +70,11 @@ test: $(STAMP) $(VLLM_STAMP) browser
 bench: $(STAMP) $(VLLM_STAMP)
 	for f in benchmarks/*.py; do echo "== $$f"; $(PY) $$f || exit 1; done
 
+# The documentation site (mkdocs.yml) into site/: a static folder, open site/index.html. Strict: any warning
+# (a broken link, cross-reference or docstring) fails. `make test` builds it too (tests/test_docs.py).
+.PHONY: docs
+docs: $(STAMP)
+	NO_MKDOCS_2_WARNING=1 $(VENV)/bin/mkdocs build --strict   # (the variable silences Material's end-of-life banner)
+
 clean:
 	rm -rf $(VENV) runs .pytest_cache

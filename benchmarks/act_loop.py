@@ -36,6 +36,7 @@ def child(condition: str, updates: int, seed: int) -> dict:
 
     import simpop
     from simpop.envs.registration import make
+    # via collapse (not .conditions, their home since issue 31): older trees, the baseline, have them there only
     from simpop.experiments.collapse import CollapseConfig, build_trainer
 
     torch.set_num_threads(1)

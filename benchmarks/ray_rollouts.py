@@ -37,7 +37,7 @@ import torch  # noqa: E402
 
 import simpop  # noqa: E402
 from simpop.agents.policy import ActPolicy  # noqa: E402
-from simpop.experiments.collapse import CollapseConfig  # noqa: E402
+from simpop.experiments.conditions import CollapseConfig  # noqa: E402
 from simpop.rollout import RolloutEngine  # noqa: E402
 from simpop.rollout_ray import RayConfig, RayRolloutEngine  # noqa: E402
 from simpop.simulators.registry import build_simulator  # noqa: E402

@@ -46,7 +46,7 @@ def _child(args: argparse.Namespace) -> None:
         serve = sys.modules["old_serve"] = importlib.util.module_from_spec(spec)
         spec.loader.exec_module(serve)
     else:
-        from simpop.agents import serve
+        from simpop.serve import server as serve
     if args.backend == "instant":
         backend = InstantBackend()
     else:

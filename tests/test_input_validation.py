@@ -19,7 +19,7 @@ from simpop.agents.policy import ModelConfig
 from simpop.cli import main
 from simpop.envs.dialogue import NESTED_TOO_DEEP
 from simpop.envs.wrappers import UnsupportedRenderMode
-from simpop.experiments.collapse import CollapseConfig
+from simpop.experiments.conditions import CollapseConfig
 from simpop.train.config import build, check_value
 from simpop.train.grpo import GRPOConfig
 from simpop.train.loop import LoopConfig

@@ -165,7 +165,7 @@ def test_simpop_eval_through_ray_writes_the_local_records(ray_cluster, tmp_path,
 
 
 def test_text_dialogues_through_ray_workers_call_the_shared_server(ray_cluster, tmp_path, monkeypatch):
-    from simpop.agents.serve import make_server
+    from simpop.serve.server import make_server
     from simpop.cli import main
     from simpop.evaluation.eval_run import EPISODES
     from tests.agents.fakes import EchoBackend

@@ -280,6 +280,26 @@ def test_every_env_check_has_a_broken_env():
     assert covered == {check.__name__ for check in testing.ENV_CHECKS.values()}
 
 
+class EndsOnFirstGuess(TinyEnv):
+    """A guessing game: the scenario is a number, and a first action that guesses it ends the dialogue."""
+
+    def scenario_ids(self) -> list[str]:
+        return ["0", "1", "2"]
+
+    def _outcome(self) -> Outcome | None:
+        if len(self.transcript) == 1 and self.transcript[0].act == self.scenario.id:
+            return Outcome({self.policy_seat: 1.0})
+        return super()._outcome()
+
+
+def test_pickle_check_retries_a_first_step_that_ends_the_episode():
+    first_try = EndsOnFirstGuess()
+    first_try.reset(seed=0)
+    first_try.step(testing._sample_actions(first_try, 0))
+    assert first_try.done  # the check's first sampled action would leave nothing to pickle mid-episode
+    testing.check_pickle(EndsOnFirstGuess)
+
+
 def test_determinism_needs_enough_steps():
     with pytest.raises(AssertionError, match=r"\[check_determinism\] only \d+ of 12"):
         testing.check_determinism(functools.partial(TinyEnv, max_steps=1), steps=12)

@@ -43,6 +43,7 @@ class CheckpointError(ValueError):
 
 
 def checkpoint_dir(run_dir: str | Path) -> Path:
+    """Where a run folder keeps its checkpoints (``RUN_DIR/checkpoints``)."""
     return Path(run_dir) / "checkpoints"
 
 

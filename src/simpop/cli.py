@@ -16,7 +16,7 @@ COMMANDS: dict[str, tuple[str, str]] = {
     "envs": ("simpop.envs.cli", "list the registered environment ids"),
     "train": ("simpop.train.cli", "train a policy (GRPO/PPO/co-training)"),
     "demo": ("simpop.envs.persuasion.demo", "run a few Persuasion-for-Good dialogues with the native persuadee"),
-    "serve": ("simpop.agents.serve", "serve a backend over an OpenAI-compatible HTTP API"),
+    "serve": ("simpop.serve.server", "serve a backend over an OpenAI-compatible HTTP API"),
     "experiment": ("simpop.experiments.cli", "run an experiment (collapse)"),
     "audit": ("simpop.evaluation.audit", "measure how diverse simulators' replies are on fixed P4G histories"),
     "eval": ("simpop.evaluation.eval_cli", "benchmark a policy on held-out simulator panels"),

@@ -279,6 +279,7 @@ class RolloutEngine:
 
     # ----------------------------------------------------------------- public API
     def scenario_ids(self) -> list[str]:
+        """The env's scenario ids (from one env of the pool)."""
         return self.env_pool(1)[0].scenario_ids()
 
     def collect(self, scenarios: Sequence[str] | int, group_size: int = 1, seed: int = 0) -> list[Trajectory]:

@@ -184,6 +184,7 @@ class Survey:
             raise ValueError("a survey needs a question and at least one non-empty option")
 
     def as_dict(self) -> dict[str, Any]:
+        """The survey as it appears in an observation: ``{"question", "options"}``."""
         return {"question": self.question, "options": list(self.options)}
 
 

@@ -431,8 +431,14 @@ def check_pickle(env_or_factory: Any, *, seed: int = 0) -> None:
     """
     name = "check_pickle"
     env = _make_env(name, _env_factory(env_or_factory))
-    _reset(name, env, seed)
-    _step(name, env, _sample_actions(env, 0))
+    for attempt in range(8):  # a sampled first action may end the episode (a lucky guess): try other samples
+        _reset(name, env, seed + attempt)
+        _step(name, env, _sample_actions(env, attempt))
+        if env.agents:
+            break
+    else:
+        _fail(name, "every sampled first step ended the episode, so no mid-episode env could be pickled",
+              "episodes of sampled actions should last several steps")
     with _calling(name, "pickle.loads(pickle.dumps(env))", "keep only picklable state on the env (no open "
                   "files, locks, lambdas or live processes), or implement __getstate__/__setstate__"):
         clone = pickle.loads(pickle.dumps(env))

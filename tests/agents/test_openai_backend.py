@@ -13,7 +13,7 @@ import pytest
 from simpop.agents import load_backend
 from simpop.agents.base import SamplingParams
 from simpop.agents.openai_backend import OpenAIBackend, RemoteBackendError
-from simpop.agents.serve import make_server
+from simpop.serve.server import make_server
 from tests.agents.fakes import EchoBackend
 
 

@@ -7,7 +7,7 @@ import concurrent.futures
 import httpx
 import pytest
 
-from simpop.agents.serve import make_server
+from simpop.serve.server import make_server
 from simpop.cli import main
 from tests.agents.fakes import EchoBackend
 
@@ -192,7 +192,7 @@ def test_serve_is_a_cli_command(capsys):
 
 def test_serve_flags_become_limits(monkeypatch):
     import simpop.agents
-    from simpop.agents.serve import SimpopServer
+    from simpop.serve.server import SimpopServer
 
     seen = {}
     monkeypatch.setattr(simpop.agents, "load_backend", lambda spec, **options: EchoBackend())

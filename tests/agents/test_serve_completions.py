@@ -15,7 +15,7 @@ import pytest
 import torch
 
 from simpop.agents.base import Generation
-from simpop.agents.serve import make_server
+from simpop.serve.server import make_server
 from tests.agents.fakes import EchoBackend
 
 CHAT = [{"role": "user", "content": "hi"}]

@@ -11,8 +11,8 @@ import time
 import httpx
 import pytest
 
-from simpop.agents.serve import make_server
-from simpop.agents.serve_requests import Limits
+from simpop.serve.server import make_server
+from simpop.serve.requests import Limits
 from tests.agents.fakes import EchoBackend
 
 CHAT = [{"role": "user", "content": "hi"}]

@@ -13,7 +13,7 @@ import pytest
 
 from simpop.agents.base import Generation, SamplingParams, supports_json_schema
 from simpop.agents.openai_backend import OpenAIBackend, RemoteBackendError, response_format
-from simpop.agents.serve import make_server
+from simpop.serve.server import make_server
 from simpop.simulators.verbalized import TEXT_PATTERN, parse_verbalized, verbalized_schema
 from tests.agents.fakes import EchoBackend
 

@@ -7,7 +7,7 @@ import socket
 
 import pytest
 
-from simpop.agents.serve import make_server
+from simpop.serve.server import make_server
 from simpop.cli import main
 from simpop.evaluation.eval_run import EPISODES, read_records
 from tests.agents.fakes import EchoBackend

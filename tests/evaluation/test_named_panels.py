@@ -53,7 +53,7 @@ def test_every_shipped_spec_parses_and_names_a_registered_env():
 def test_act_panel_is_the_collapse_experiments_and_runs():
     from simpop.agents.policy import ActPolicy
     from simpop.evaluation.panel import evaluate
-    from simpop.experiments.collapse import CollapseConfig, build_panel
+    from simpop.experiments.conditions import CollapseConfig, build_panel
 
     env = simpop.make("simpop/PersuasionAct-v0")
     panel = load_named_panel("p4g-act-v1", env)  # built for real: native persuadees, no model

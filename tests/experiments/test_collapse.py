@@ -16,10 +16,11 @@ from simpop.envs.persuasion.simulators import ActPersuadee, TextPersuadee
 from simpop.envs.persuasion.trainable import TrainableActPersuadee
 from simpop.evaluation.metrics import WALL_CLOCK_KEYS
 from simpop.evaluation.report import SUMMARY_METRICS
-from simpop.experiments.collapse import (CONDITIONS, CORPUS_PANEL_TEMPERATURES, PANEL_TEMPERATURES,
-                                         ROBUST_PANEL_TEMPERATURES, TEXT_PANEL_LLM_TEMPERATURES, CollapseConfig,
-                                         build_panel, build_trainer, descriptions, extra_panels, panel_specs,
-                                         robust_panel_specs, run_collapse, shared_model_members, simulator_specs)
+from simpop.experiments.collapse import descriptions, run_collapse
+from simpop.experiments.conditions import (CONDITIONS, CORPUS_PANEL_TEMPERATURES, PANEL_TEMPERATURES,
+                                           ROBUST_PANEL_TEMPERATURES, TEXT_PANEL_LLM_TEMPERATURES, CollapseConfig,
+                                           build_panel, build_trainer, extra_panels, panel_specs, robust_panel_specs,
+                                           shared_model_members, simulator_specs)
 from simpop.seat import SimulatorSpec
 from simpop.simulators.llm import LLMSimulator
 from simpop.simulators.population import PanelOverlapError, leaf_simulators

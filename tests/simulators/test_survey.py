@@ -415,7 +415,7 @@ class NoPromptLogprobs:
 
 def test_a_server_with_prompt_logprobs_scores_options_like_the_model_in_process():
     from simpop.agents.openai_backend import OpenAIBackend
-    from simpop.agents.serve import make_server
+    from simpop.serve.server import make_server
     from simpop.simulators.llm import _score_options
 
     chat = LLMSimulator(FakeBackend()).text_format.chat(survey_observation("Kids are hungry."), FakeScenario())
@@ -434,7 +434,7 @@ def test_a_server_with_prompt_logprobs_scores_options_like_the_model_in_process(
 def test_a_server_without_prompt_logprobs_is_said_once_and_answers_in_free_text(caplog):
     from simpop.agents.base import ScoringUnsupported
     from simpop.agents.openai_backend import OpenAIBackend
-    from simpop.agents.serve import make_server
+    from simpop.serve.server import make_server
 
     with NoPromptLogprobs() as stub, caplog.at_level("WARNING"):
         client = OpenAIBackend(stub.url, "m")

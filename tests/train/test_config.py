@@ -143,7 +143,7 @@ def test_model_and_loop_config_errors_say_how_to_fix(cls, field, value, hint):
 
 
 def test_changed_settings_accepts_fields_added_since_at_their_default():
-    from simpop.experiments.collapse import CollapseConfig
+    from simpop.experiments.conditions import CollapseConfig
 
     default = CollapseConfig()
     saved = json_ready(to_dict(default))

@@ -34,11 +34,15 @@ class BufferedLayer(DynamicLayer):
         self._keys = self._values = None
 
     def lazy_initialization(self, key_states: torch.Tensor, value_states: torch.Tensor) -> None:
+        """Allocate the layer's buffers for the dtype and device of the first states it sees."""
         self.device = key_states.device
         self._allocate(key_states[:, :, :0], value_states[:, :, :0])
         self.is_initialized = True
 
     def update(self, key_states: torch.Tensor, value_states: torch.Tensor, *args, **kwargs):
+        """Append new key/value states in place (the buffer grows geometrically when full); returns the layer's keys
+        and values so far.
+        """
         if not self.is_initialized:
             self.lazy_initialization(key_states, value_states)
         start = self.keys.shape[-2]

@@ -38,6 +38,7 @@ class LoRAAdapter:
         self.backend.set_adapter(self.name)
 
     def parameters(self) -> list[Any]:
+        """The adapter's trainable parameters (what the optimiser updates)."""
         return self.backend.parameters(self.name)
 
     def disabled(self) -> AbstractContextManager[None]:

@@ -266,6 +266,9 @@ class LLMPolicy:
         return self.lora.name if self.lora is not None else None
 
     def system_prompt(self, observation: dict[str, Any]) -> str | None:
+        """The system message for a text observation: the policy's fixed one, else the seat's task from the
+        observation.
+        """
         return _system_prompt(self._system_prompt, observation)
 
     def served(self) -> ServedPolicy | None:
@@ -320,6 +323,7 @@ class LLMPolicy:
         return {k: v.detach().cpu().clone() for k, v in self.backend.model.state_dict().items()}
 
     def load_state_dict(self, state: dict[str, torch.Tensor]) -> None:
+        """Load trained weights: the LoRA adapter's, or the whole model's for full fine-tuning."""
         if self.lora is not None:
             self.lora.load_state_dict(state)
         else:
@@ -355,9 +359,11 @@ class ServedPolicy:
     fixed_system_prompt: str | None = None
 
     def system_prompt(self, observation: dict[str, Any]) -> str | None:
+        """The system message for a text observation (as :meth:`LLMPolicy.system_prompt`)."""
         return _system_prompt(self.fixed_system_prompt, observation)
 
     def generate_ids(self, prompts: list[list[int]], params: SamplingParams) -> list[Generation]:
+        """Completions of exact prompt ids on the server, with the newest synced weights."""
         return self.backend.generate_ids(prompts, params)
 
 

@@ -137,6 +137,11 @@ class VLLMBackend:
         return _body(response)
 
     def get(self, path: str) -> Any:
+        """``GET`` a path of the server's root (e.g. ``/v1/models``) and return the decoded JSON.
+
+        Raises:
+            RemoteBackendError: A status other than 200.
+        """
         import httpx
 
         headers = {"Authorization": f"Bearer {self.http.api_key}"} if self.http.api_key else {}
@@ -155,6 +160,7 @@ class VLLMBackend:
         self.post("/v1/load_lora_adapter", {"lora_name": name, "lora_path": str(path)})
 
     def unload_adapter(self, name: str) -> None:
+        """Unload LoRA adapter ``name`` from the server (``/v1/unload_lora_adapter``)."""
         self.post("/v1/unload_lora_adapter", {"lora_name": name})
 
     def reset_prefix_cache(self) -> None:

@@ -61,6 +61,7 @@ class TextSpace(spaces.Text):
         super().__init__(max_length, min_length=min_length, charset=SAMPLE_CHARSET, seed=seed)
 
     def contains(self, x: Any) -> bool:
+        """Whether ``x`` is a string within the length bounds (any characters)."""
         return isinstance(x, str) and self.min_length <= len(x) <= self.max_length
 
     def __repr__(self) -> str:
@@ -168,12 +169,23 @@ class DialogueEnv(ParallelEnv, ABC):
 
     # ----------------------------------------------------------------- PettingZoo API
     def observation_space(self, agent: str) -> spaces.Space:
+        """The observation space of seat ``agent`` (built once, in ``_make_spaces``)."""
         return self._observation_spaces[agent]
 
     def action_space(self, agent: str) -> spaces.Space:
+        """The action space of seat ``agent`` (built once, in ``_make_spaces``)."""
         return self._action_spaces[agent]
 
     def reset(self, seed: int | None = None, options: dict[str, Any] | None = None):
+        """Start a dialogue (module docstring): ``options={"scenario_id": ...}`` picks the scenario, else the seed
+        does.
+
+        Returns:
+            Observations and infos per seat.
+
+        Raises:
+            KeyError: An unknown ``scenario_id``.
+        """
         if seed is not None:
             self.np_random = np.random.default_rng(seed)
         options = dict(options or {})
@@ -201,6 +213,16 @@ class DialogueEnv(ParallelEnv, ABC):
         return {a: self._observe(a) for a in self.agents}, infos
 
     def step(self, actions: dict[str, Any]):
+        """Apply the acting seat's action (the other seat's is ignored and flagged if not empty).
+
+        Returns:
+            PettingZoo's per-seat observations, rewards, terminations, truncations and infos.
+
+        Raises:
+            RuntimeError: The episode has ended (or was never reset).
+            KeyError: An unknown seat.
+            ValueError: No action for the seat whose turn it is.
+        """
         if not self.agents:
             raise RuntimeError("step() called on a finished episode (or before reset()); call reset() first")
         unknown = set(actions) - set(self.possible_agents)
@@ -249,11 +271,13 @@ class DialogueEnv(ParallelEnv, ABC):
         return (observations, rewards, {a: terminated for a in live}, {a: truncated for a in live}, infos)
 
     def render(self) -> str | None:
+        """The transcript as ``[seat] text`` lines (None without a render mode)."""
         if self.render_mode is None:
             return None
         return "\n".join(f"[{t.seat}] {t.text}" for t in self.transcript)
 
     def close(self) -> None:
+        """Release resources (the base holds none)."""
         pass
 
     # ----------------------------------------------------------------- helpers for subclasses

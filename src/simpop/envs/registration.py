@@ -67,6 +67,11 @@ def ids() -> list[str]:
 
 
 def spec(id: str) -> EnvSpec:
+    """The :class:`EnvSpec` registered as ``id``.
+
+    Raises:
+        KeyError: Unknown id (the message lists the registered ones).
+    """
     try:
         return _REGISTRY[id]
     except KeyError:

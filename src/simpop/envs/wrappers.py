@@ -69,6 +69,8 @@ class UserSeat(gymnasium.Env):
         self._claim: int | None = None
 
     def reset(self, *, seed: int | None = None, options: dict[str, Any] | None = None):
+        """Reset the env and start the simulator's dialogue in slot 0; returns the policy seat's observation and info.
+        """
         super().reset(seed=seed)
         self._claim = _claim(self.simulator)  # before the reset: a failed reset has touched the state too
         observations, infos = self.env.reset(seed=seed, options=options)
@@ -80,6 +82,15 @@ class UserSeat(gymnasium.Env):
         return obs, info
 
     def step(self, action: Any):
+        """Apply the policy's action, then let the simulator act until it is the policy's turn again.
+
+        Returns:
+            Gymnasium's observation, reward (summed over the simulator's turns), terminated, truncated, info.
+
+        Raises:
+            RuntimeError: The episode has ended.
+            SharedSimulatorError: Another view stepped the same simulator in between.
+        """
         if self.env.done:
             raise RuntimeError("step() called on a finished episode; call reset() first")
         if self._claim is not None and _CLAIMS.get(id(self.simulator)) != self._claim:
@@ -111,9 +122,11 @@ class UserSeat(gymnasium.Env):
         return observations[self.seat], reward, terminated, truncated, infos[self.seat]
 
     def render(self):
+        """The env's rendering of the transcript."""
         return self.env.render()
 
     def close(self) -> None:
+        """Close the env."""
         self.env.close()
 
 

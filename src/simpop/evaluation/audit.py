@@ -271,6 +271,7 @@ def _json_safe(value: Any) -> Any:
 
 
 def configure(parser: argparse.ArgumentParser) -> None:
+    """Add ``simpop audit``'s arguments to ``parser``."""
     parser.add_argument("--sim", action="append", metavar="SPEC",
                         help="simulator spec (repeatable), e.g. 'verbalized:smollm2?k=5'; default: "
                              + ", ".join(DEFAULT_SIMULATORS))
@@ -286,6 +287,7 @@ def configure(parser: argparse.ArgumentParser) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
+    """Run ``simpop audit`` with parsed arguments; returns the exit code."""
     histories = select_histories(args.histories)
     if args.threads is not None:
         if args.threads < 1:

@@ -215,6 +215,7 @@ class MetricsLogger:
         return [json.loads(line) for line in self.path.read_text().splitlines() if line]
 
     def close(self) -> None:
+        """Close the TensorBoard writer, if one is open (the JSONL file is written per record)."""
         if self._writer is not None:
             self._writer.close()
             self._writer = None

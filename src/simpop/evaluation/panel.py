@@ -155,10 +155,16 @@ class EpisodeRecord:
         return self.member, self.scenario, self.trial
 
     def to_json(self) -> str:
+        """The record as one JSON line (keys sorted; numpy values made plain)."""
         return json.dumps(asdict(self), ensure_ascii=False, sort_keys=True, default=_json_default)
 
     @classmethod
     def from_json(cls, line: str) -> EpisodeRecord:
+        """A record from one JSON line (unknown keys are ignored, for files written by newer versions).
+
+        Raises:
+            ValueError: The line is not a JSON object.
+        """
         data = json.loads(line)
         if not isinstance(data, dict):
             raise ValueError("an episode record is a JSON object")

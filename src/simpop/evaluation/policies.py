@@ -175,6 +175,7 @@ class TextPolicy:
         self._envs = list(envs)
 
     def act_batch(self, observations: list[Any], rng: np.random.Generator) -> list[str]:
+        """One reply per text observation, in one batched backend call seeded from ``rng``."""
         formats = self._formats(len(observations))
         chats = [fmt.chat(obs, scenario) if fmt is not None else observation_chat(obs)
                  for obs, (fmt, scenario) in zip(observations, formats)]
@@ -253,9 +254,15 @@ class DialoguePolicy:
         self._started = False
 
     def begin_wave(self, envs: list[Any]) -> None:
+        """Take the envs of the next wave, in slot order (the runner calls this before the wave)."""
         self._envs, self._started = list(envs), False
 
     def act_batch(self, observations: list[Any], rng: np.random.Generator) -> list[Any]:
+        """Actions for the dialogues whose turn it is, matched to their envs in slot order.
+
+        Raises:
+            RuntimeError: No wave was begun (the policy was run outside simpop's evaluation).
+        """
         if self._envs is None:
             raise RuntimeError(f"{self.name} plays each dialogue from its env; run it with simpop eval, "
                                f"simpop.evaluation.eval_run.evaluate_panel or simpop.evaluation.panel.evaluate")
@@ -269,6 +276,7 @@ class DialoguePolicy:
         """Begin the wave's dialogues (every env is reset)."""
 
     def act_slots(self, slots: list[int], observations: list[Any], rng: np.random.Generator) -> list[Any]:
+        """Actions for the given slots; by default :meth:`act` per slot."""
         return [self.act(slot, obs, rng) for slot, obs in zip(slots, observations)]
 
     def act(self, slot: int, observation: Any, rng: np.random.Generator) -> Any:
@@ -334,6 +342,7 @@ class SeatSimulator(DialoguePolicy):
                                    [np.random.default_rng([env.user_seed, 1]) for env in envs])
 
     def act_slots(self, slots: list[int], observations: list[Any], rng: np.random.Generator) -> list[Any]:
+        """The wrapped simulator's actions for the given slots (one batched call)."""
         return list(self.simulator.act_batch(list(observations), list(slots)))
 
 

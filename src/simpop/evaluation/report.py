@@ -130,6 +130,7 @@ class Verdict:
         return REPRODUCED if statuses == {SUPPORTS} else INCONCLUSIVE
 
     def to_dict(self) -> dict[str, Any]:
+        """The verdict as JSON-ready data (its comparisons included), for ``summary.json``."""
         return {"claim": self.claim, "statement": self.statement, "verdict": self.verdict,
                 "comparisons": [asdict(c) for c in self.comparisons]}
 

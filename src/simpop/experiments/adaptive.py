@@ -2,7 +2,7 @@
 
 The act-level P4G policy (``simpop/PersuasionAct-v0``) is trained with GRPO, equal policy budgets (updates x
 dialogues per update) and the same seeds, under three conditions, and evaluated every ``eval_every`` updates
-on the collapse experiment's held-out panel (:func:`simpop.experiments.collapse.panel_specs`: three jittered
+on the collapse experiment's held-out panel (:func:`simpop.experiments.conditions.panel_specs`: three jittered
 persuadee models at temperatures 0.8/0.9/1.2 playing held-out personas):
 
 1. ``fixed`` — a pool fixed at the start: the base persuadee over the scenario personas plus ``cap - 1``
@@ -96,7 +96,7 @@ class AdaptiveConfig:
     threads: int = 1
 
     def __post_init__(self) -> None:
-        from simpop.experiments.collapse import default_cotrain, default_grpo
+        from simpop.experiments.conditions import default_cotrain, default_grpo
         from simpop.train.config import nested
 
         for key, cls, default in (("pool", PoolConfig, PoolConfig()), ("grpo", GRPOConfig, default_grpo("act")),
@@ -120,7 +120,7 @@ class AdaptiveConfig:
 
     def collapse_config(self):
         """The collapse experiment's act-level config with this experiment's shared settings (panel, trainers)."""
-        from simpop.experiments.collapse import CollapseConfig
+        from simpop.experiments.conditions import CollapseConfig
 
         return CollapseConfig(level="act", seeds=1, updates=self.updates, eval_every=self.eval_every,
                               eval_episodes=self.eval_episodes, max_turns=self.max_turns, grpo=self.grpo,
@@ -153,14 +153,14 @@ def random_region_specs(cap: int, seed: int) -> dict[str, str]:
 def build_trainer(condition: str, config: AdaptiveConfig, seed: int, env: Any, heldout: Any):
     """The trainer of one condition and seed (``heldout``: the panel generated simulators must stay clear of)."""
     from simpop.agents.policy import ModelConfig, build_policy
-    from simpop.experiments import collapse
+    from simpop.experiments import conditions
     from simpop.simulators.population import Population
     from simpop.simulators.registry import build_many, load_panel
     from simpop.train.grpo import GRPOTrainer
     from simpop.train.pool import AdaptivePoolTrainer, PoolGrower
 
     if condition == "population":
-        return collapse.build_trainer("population", config.collapse_config(), seed, env)
+        return conditions.build_trainer("population", config.collapse_config(), seed, env)
     grpo = dataclasses.replace(config.grpo, seed=seed)
     policy = build_policy(env, ModelConfig(), grpo.sampling(), seed)
     specs = random_region_specs(config.pool.cap, seed) if condition == "fixed" else {"base": BASE_SPEC}
@@ -182,7 +182,7 @@ def run_one(config: AdaptiveConfig, condition: str, seed: int, out: Path, resume
 
     from simpop import checkpoint
     from simpop.envs.registration import make
-    from simpop.experiments import collapse
+    from simpop.experiments import conditions
     from simpop.train.loop import LoopConfig, run
 
     run_dir = out / "runs" / condition / f"seed{seed}"
@@ -195,14 +195,14 @@ def run_one(config: AdaptiveConfig, condition: str, seed: int, out: Path, resume
         torch.manual_seed(seed)
         env_kwargs = {"max_turns": config.max_turns}
         env = make(ENV_ID, **env_kwargs)
-        heldout = collapse.build_panel(config.collapse_config(), env)
+        heldout = conditions.build_panel(config.collapse_config(), env)
         trainer = build_trainer(condition, config, seed, env, heldout)
         heldout.check_disjoint([trainer.training_simulator])
         eval_seed = 1_000_003 + seed
         batch = config.grpo.batch_size
 
         def evaluation(step: int) -> dict[str, Any]:
-            record, _, _ = collapse.evaluate_run(ENV_ID, trainer, heldout, config.eval_episodes, eval_seed,
+            record, _, _ = conditions.evaluate_run(ENV_ID, trainer, heldout, config.eval_episodes, eval_seed,
                                                  env_kwargs)
             grower = getattr(trainer, "grower", None)
             probes = grower.probe_dialogues if grower is not None else 0
@@ -359,9 +359,12 @@ def plot(records: Sequence[dict[str, Any]], out: Path, order: Sequence[str]) -> 
 
 
 def write_outputs(out: Path, config: AdaptiveConfig, wall_time_s: float) -> Path:
-    from simpop.experiments import collapse
+    """Write the experiment's ``metrics.jsonl``, ``summary.json``, report and plots into ``out``; returns the report's
+    path.
+    """
+    from simpop.experiments import conditions
 
-    records = collapse.read_records(out, config)
+    records = conditions.read_records(out, config)
     with (out / "metrics.jsonl").open("w") as f:
         for record in records:
             f.write(json.dumps(record, sort_keys=True, default=str) + "\n")

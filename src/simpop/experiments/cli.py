@@ -9,7 +9,7 @@ from typing import Any
 
 
 def configure(parser: argparse.ArgumentParser) -> None:
-    from simpop.experiments.collapse import CollapseConfig
+    from simpop.experiments.conditions import CollapseConfig
     from simpop.train.config import add_arguments
 
     sub = parser.add_subparsers(dest="experiment", required=True, metavar="EXPERIMENT")
@@ -51,7 +51,8 @@ def configure_adaptive(sub: Any) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
-    from simpop.experiments.collapse import CollapseConfig, run_collapse
+    from simpop.experiments.collapse import run_collapse
+    from simpop.experiments.conditions import CollapseConfig
     from simpop.train.cli import check_out_dir
     from simpop.train.config import build
 

@@ -65,333 +65,21 @@ and skips finished runs.
 
 from __future__ import annotations
 
-import dataclasses
 import json
 import math
 import time
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Literal
+from typing import Any
 
 import numpy as np
 
-from simpop.agents.policy import ModelConfig
+from simpop.experiments.conditions import (COTRAINED, CORPUS_PANEL_TEMPERATURES, PANEL_JITTER, PANEL_TEMPERATURES,
+                                           ROBUST_PANEL_TEMPERATURES, TEXT_PANEL_LLM_TEMPERATURES, CollapseConfig,
+                                           build_panel, build_trainer, condition_cotrain, evaluate_run, extra_panels,
+                                           read_records, shared_model_members, simulator_backends)
 from simpop.train.cotrain import CoTrainConfig
 from simpop.train.config import changed_settings, to_dict
-from simpop.train.grpo import GRPOConfig
-
-CONDITIONS = ("frozen", "verbalized", "cotrain", "population")
-#: Conditions that co-train simulators; ``cotrain+<objective>`` runs one with another objective (an ablation).
-COTRAINED = ("cotrain", "population")
-PANEL_TEMPERATURES = (0.8, 0.9, 1.2)
-#: Spread (log-scale sd) of the held-out models' parameter jitter.
-PANEL_JITTER = 0.35
-#: The robustness panel (act level): strategy-shuffled models at these temperatures playing uniform personas.
-ROBUST_PANEL_TEMPERATURES = (0.7, 1.1, 1.5)
-ROBUST_SEED = 9091
-#: The corpus panel (act level, with ``corpus_panel``): models fitted to corpus resamples, at these temperatures.
-CORPUS_PANEL_TEMPERATURES = (0.9, 1.1, 1.3)
-CORPUS_SEED = 2019
-#: Text level: LLM members added to the panel (held-out personas, these temperatures); they share the
-#: training simulators' model (the one embedded LLM), so they are held out by persona and decoding only.
-TEXT_PANEL_LLM_TEMPERATURES = (0.7,)
-ENV_IDS = {"act": "simpop/PersuasionAct-v0", "text": "simpop/Persuasion-v1"}
-#: Defaults that depend on the level (fields left at None take these).
-LEVEL_DEFAULTS: dict[str, dict[str, Any]] = {
-    "act": {"seeds": 12, "updates": 200, "eval_every": 20, "eval_episodes": 64, "max_turns": 10, "workers": 2,
-            "conditions": CONDITIONS, "robust_panel": True},
-    # Sized to finish within an hour on two CPU cores (docs/text-collapse.md has the measured run).
-    "text": {"seeds": 1, "updates": 16, "eval_every": 8, "eval_episodes": 16, "max_turns": 2, "workers": 1,
-             "conditions": ("frozen", "verbalized"), "robust_panel": False},
-}
-
-
-def default_grpo(level: str) -> GRPOConfig:
-    """The policy trainer's settings at ``level`` when the experiment names none (the seed is set per run)."""
-    if level == "act":
-        return GRPOConfig(group_size=8, scenarios_per_update=8, max_new_tokens=24)
-    # 16 updates is a short run: a LoRA learning rate of 5e-4 (GRPOConfig's LoRA default is 1e-4), set before
-    # any text-level result was seen.
-    return GRPOConfig(group_size=4, scenarios_per_update=4, max_new_tokens=24, lr=5e-4)
-
-
-def default_cotrain(level: str) -> CoTrainConfig:
-    """Population co-training's settings at ``level`` (plain co-training: the same with K = 1 and no pool)."""
-    return CoTrainConfig(sim_lr=0.05 if level == "act" else 1e-4, sim_kl_coef=0.1, target_success=0.5,
-                         population_size=3, pool_size=5, pool_sample_prob=0.25, snapshot_every=10)
-
-
-def default_model(level: str) -> ModelConfig:
-    """The policy model at ``level`` (text: a LoRA adapter on the embedded model, bf16 weights on a GPU or where
-    the CPU has bf16 matmul, resolved here so that the report names it; the adapter is named per seed)."""
-    if level == "act":
-        return ModelConfig()
-    from simpop.agents.transformers_backend import resolve_dtype
-
-    return ModelConfig(lora=True, dtype=resolve_dtype("auto"))
-
-
-@dataclass(frozen=True)
-class CollapseConfig:
-    """Settings of ``simpop experiment collapse`` (flags are generated from these fields; the nested
-    trainer configs' fields are ``--grpo.lr``, ``--cotrain.sim-lr``, ``--model.dtype``, ...).
-
-    Attributes:
-        level: ``act`` (P4G dialogue acts, minutes on a CPU) or ``text`` (free text with LLMs).
-        seeds: Seeds per condition (the same seeds for every condition); None: act 12, text 1 (one seed: CIs
-            are bootstraps over the evaluation dialogues, see :mod:`simpop.evaluation.report`).
-        first_seed: The first seed; seeds are ``first_seed .. first_seed + seeds - 1``.
-        conditions: Conditions to run, from frozen, verbalized, cotrain, population, and ablations of the co-trained
-            two, ``cotrain+<objective>`` / ``population+<objective>`` (the same condition with another
-            :attr:`CoTrainConfig.objective <simpop.train.cotrain.CoTrainConfig.objective>`, e.g.
-            ``cotrain+persona``, ``population+diverse``); None: the four at the act level, frozen and verbalized at
-            the text level (what fits in an hour on two CPU cores).
-        updates: Policy updates per run (the equal budget); None: act 200, text 16.
-        eval_every: Updates between evaluations (also at 0 and at the end); None: act 20, text 8.
-        eval_episodes: Dialogues per panel member and on the training simulator per evaluation; None:
-            act 64, text 16.
-        max_turns: Persuader turns per dialogue; None: act 10, text 2.
-        grpo: The policy trainer of every condition (:class:`~simpop.train.grpo.GRPOConfig`; its ``seed`` is
-            set per run, its ``max_new_tokens`` is also the text simulators' budget); a mapping replaces fields
-            of the level default (:func:`default_grpo`: act 8 x 8 dialogues, text 4 x 4 with LoRA lr 5e-4; 24
-            new tokens).
-        cotrain: Population co-training (:class:`~simpop.train.cotrain.CoTrainConfig`); the cotrain condition
-            uses it with population_size 1 and no pool. A mapping replaces fields of :func:`default_cotrain`
-            (K = 3, pool 5 sampled 25%, snapshot every 10, sim_lr act 0.05 / text 1e-4, KL 0.1, target 0.5).
-        model: The policy model (:class:`~simpop.agents.policy.ModelConfig`; text level: the model, dtype (default
-            bf16 where the CPU has it) and LoRA settings; act level: hidden_size); a mapping replaces fields of
-            :func:`default_model`.
-        verbalized_tau: Temperature of the verbalized renormalisation.
-        verbalized_floor: Probability floor of the verbalized renormalisation.
-        verbalized_k: Candidates the text-level verbalized simulator is asked for.
-        heldout_personas: Size of the held-out panel's persona set (and of the robustness panel's).
-        heldout_seed: Seed of the held-out personas and models.
-        robust_panel: Also evaluate on the robustness panel (:func:`robust_panel_specs`), built by another
-            procedure than the held-out panel; None: act yes, text no (its evaluations cost LLM time).
-        corpus_panel: A P4G corpus folder (not shipped; :mod:`simpop.envs.persuasion.corpus`): also evaluate on
-            persuadees fitted to it (:func:`corpus_panel_specs`); None: no corpus panel.
-        sim_model: Text level: the simulators' model (backend spec; co-training needs an in-process
-            transformers model); None: the policy's model.
-        workers: Parallel processes over (condition, seed) runs; None: act 2, text 1.
-        threads: Torch threads per run; None: 1 at the act level (tiny matrices), torch's default at the
-            text level. On a busy CPU, 1 avoids threads spinning against each other.
-    """
-
-    level: Literal["act", "text"] = "act"
-    seeds: int | None = None
-    first_seed: int = 0
-    conditions: tuple[str, ...] | None = None
-    updates: int | None = None
-    eval_every: int | None = None
-    eval_episodes: int | None = None
-    max_turns: int | None = None
-    grpo: GRPOConfig | None = None
-    cotrain: CoTrainConfig | None = None
-    model: ModelConfig | None = None
-    verbalized_tau: float = 1.0
-    verbalized_floor: float = 0.01
-    verbalized_k: int = 5
-    heldout_personas: int = 300
-    heldout_seed: int = 4242
-    robust_panel: bool | None = None
-    corpus_panel: str | None = None
-    sim_model: str | None = None
-    workers: int | None = None
-    threads: int | None = None
-
-    def __post_init__(self) -> None:
-        from simpop.train.config import nested
-
-        def need(ok: bool, message: str) -> None:
-            if not ok:
-                raise ValueError(f"CollapseConfig: {message}")
-
-        need(self.level in LEVEL_DEFAULTS, f"level must be 'act' or 'text', got {self.level!r}")
-        for key, value in LEVEL_DEFAULTS[self.level].items():
-            if getattr(self, key) is None:
-                object.__setattr__(self, key, value)
-        for key, cls, default in (("grpo", GRPOConfig, default_grpo), ("cotrain", CoTrainConfig, default_cotrain),
-                                  ("model", ModelConfig, default_model)):
-            try:
-                object.__setattr__(self, key, nested(getattr(self, key), cls, default(self.level)))
-            except (TypeError, ValueError) as error:
-                need(False, f"{key}: {error}")
-        unknown = sorted(c for c in self.conditions if not _known_condition(c))
-        need(not unknown and len(self.conditions) > 0,
-             f"conditions must be a non-empty subset of {', '.join(CONDITIONS)} or co-training ablations "
-             f"(cotrain+<objective>, population+<objective>); unknown: {unknown}")
-        need(len(set(self.conditions)) == len(self.conditions), "conditions must not repeat")
-        for condition in self.conditions:
-            if condition.partition("+")[0] in COTRAINED:
-                try:
-                    condition_cotrain(condition, self.cotrain)
-                except ValueError as error:
-                    need(False, f"condition {condition}: {error}")
-        for key in ("seeds", "updates", "eval_every", "eval_episodes", "max_turns", "heldout_personas", "workers",
-                    "verbalized_k"):
-            need(getattr(self, key) >= 1, f"{key} must be >= 1, got {getattr(self, key)}")
-        need(self.cotrain.pool_size >= 1 and self.cotrain.pool_sample_prob > 0 or "population" not in self.conditions,
-             "population co-training needs a checkpoint pool: cotrain.pool_size >= 1 and cotrain.pool_sample_prob > 0")
-        need(self.verbalized_tau > 0 and 0 <= self.verbalized_floor < 1,
-             f"verbalized_tau must be > 0 and verbalized_floor in [0, 1); got {self.verbalized_tau}, "
-             f"{self.verbalized_floor}")
-        need(self.threads is None or self.threads >= 1, f"threads must be >= 1 or None, got {self.threads}")
-        if self.corpus_panel is not None:
-            need(Path(self.corpus_panel).is_dir(), f"corpus_panel {self.corpus_panel}: no such folder")
-            object.__setattr__(self, "corpus_panel", str(Path(self.corpus_panel).resolve()))
-
-    @property
-    def env_id(self) -> str:
-        return ENV_IDS[self.level]
-
-    @property
-    def seed_list(self) -> list[int]:
-        return list(range(self.first_seed, self.first_seed + self.seeds))
-
-    @property
-    def eval_steps(self) -> list[int]:
-        """Updates after which the policy is evaluated (0 = before training)."""
-        return sorted({*range(0, self.updates + 1, self.eval_every), self.updates})
-
-    def env_kwargs(self) -> dict[str, Any]:
-        return {"max_turns": self.max_turns}
-
-
-def _known_condition(condition: str) -> bool:
-    from simpop.train.cotrain import OBJECTIVES
-
-    base, plus, objective = condition.partition("+")
-    return base in CONDITIONS and (not plus or (base in COTRAINED and objective in OBJECTIVES))
-
-
-def condition_cotrain(condition: str, cotrain: CoTrainConfig) -> CoTrainConfig:
-    """The co-training settings of ``condition``: population co-training as configured; ``cotrain`` the same with
-    K = 1 and no pool; a ``+<objective>`` suffix replaces the objective (``+diverse`` also prunes the pool's most
-    redundant snapshot instead of its oldest; raises ValueError where it cannot run)."""
-    base, _, objective = condition.partition("+")
-    changes: dict[str, Any] = {"objective": objective} if objective else {}
-    if objective == "diverse":  # a population kept apart keeps distinct snapshots in its pool too
-        changes["pool_prune"] = "redundant"
-    if base == "cotrain":
-        changes.update(population_size=1, pool_size=0, pool_sample_prob=0.0)
-    config = dataclasses.replace(cotrain, **changes)
-    if config.objective == "diverse" and config.population_size < 2:
-        raise ValueError("objective 'diverse' pushes population members apart: run it as population+diverse "
-                         "(population_size >= 2)")
-    return config
-
-
-# ============================================================================================ specs
-def simulator_specs(condition: str, config: CollapseConfig) -> dict[str, str]:
-    """Name -> spec of each training simulator of ``condition`` (the module docstring describes them)."""
-    k = condition_cotrain(condition, config.cotrain).population_size if condition.partition("+")[0] in COTRAINED else 1
-    if config.level == "act":
-        return {
-            "frozen": {"frozen-modal-greedy": "persuadee?decoding=greedy&personas=modal"},
-            "verbalized": {"verbalized": f"verbalized:persuadee?temperature=1.0&floor={config.verbalized_floor!r}"
-                                         f"&tau={config.verbalized_tau!r}"},
-        }.get(condition) or {f"{condition.partition('+')[0]}-{i}": "trainable:persuadee?temperature=1.0"
-                             for i in range(k)}
-    model, tokens = config.sim_model or config.model.model, config.grpo.max_new_tokens
-    return {
-        "frozen": {"frozen-modal-greedy": f"frozen:{model}?max_new_tokens={tokens}&personas=modal"},
-        "verbalized": {"verbalized": f"verbalized:{model}?k={config.verbalized_k}&tau={config.verbalized_tau!r}"
-                                     f"&floor={config.verbalized_floor!r}&max_new_tokens={max(64, 8 * tokens)}"
-                                     f"&fallback_max_new_tokens={tokens}"},
-    }.get(condition) or {f"{condition.partition('+')[0]}-{i}": f"trainable:{model}?temperature=1.0"
-                                                                f"&max_new_tokens={tokens}" for i in range(k)}
-
-
-def panel_specs(config: CollapseConfig) -> dict[str, str]:
-    """Name -> spec of each held-out panel member (the same for every condition and seed)."""
-    personas = f"heldout-{config.heldout_personas}-{config.heldout_seed}"
-    members = {f"heldout-{i}-T{t:g}": f"persuadee:heldout-{i}?temperature={t!r}&personas={personas}"
-                                      f"&jitter={PANEL_JITTER!r}&model_seed={config.heldout_seed}"
-               for i, t in enumerate(PANEL_TEMPERATURES)}
-    if config.level == "text":
-        model, tokens = config.sim_model or config.model.model, config.grpo.max_new_tokens
-        members.update({f"llm-heldout-T{t:g}": f"frozen:{model}?temperature={t!r}&personas={personas}"
-                                               f"&max_new_tokens={tokens}" for t in TEXT_PANEL_LLM_TEMPERATURES})
-    return members
-
-
-def robust_panel_specs(config: CollapseConfig) -> dict[str, str]:
-    """Name -> spec of each robustness panel member: built by another procedure than :func:`panel_specs` (strategy
-    effects permuted rather than jittered, :func:`~simpop.envs.persuasion.simulators.model_params`; personas with
-    uniform attributes rather than from the population sampler; other temperatures)."""
-    personas = f"uniform-{config.heldout_personas}-{ROBUST_SEED}"
-    return {f"shuffled-{i}-T{t:g}": f"persuadee:shuffled-{i}?temperature={t!r}&personas={personas}"
-                                    f"&model_seed={ROBUST_SEED}"
-            for i, t in enumerate(ROBUST_PANEL_TEMPERATURES)}
-
-
-def corpus_panel_specs(config: CollapseConfig) -> dict[str, str]:
-    """Name -> spec of each corpus panel member: persuadees fitted to bootstrap resamples of the corpus in
-    ``config.corpus_panel`` (``persuadee:fitted-<i>``), playing its real persuadees (persona set ``corpus:<dir>``)."""
-    corpus = config.corpus_panel
-    return {f"fitted-{i}-T{t:g}": f"persuadee:fitted-{i}?corpus={corpus}&personas=corpus:{corpus}&temperature={t!r}"
-                                  f"&model_seed={CORPUS_SEED}"
-            for i, t in enumerate(CORPUS_PANEL_TEMPERATURES)}
-
-
-def extra_panels(config: CollapseConfig) -> dict[str, dict[str, str]]:
-    """The panels evaluated besides the held-out one (name -> member specs): ``robust``, ``corpus``."""
-    panels = {}
-    if config.robust_panel:
-        panels["robust"] = robust_panel_specs(config)
-    if config.corpus_panel:
-        panels["corpus"] = corpus_panel_specs(config)
-    return panels
-
-
-def shared_model_members(config: CollapseConfig) -> list[str]:
-    """Panel members that share the training simulators' model (text level: the LLM members)."""
-    return [name for name in panel_specs(config) if name.startswith("llm-")]
-
-
-def simulator_backends(config: CollapseConfig) -> dict[str, Any]:
-    """Text level: the simulators' models loaded with the experiment's dtype and a prefix cache."""
-    model = config.sim_model or config.model.model
-    if config.level == "act" or model.startswith("openai:"):  # HTTP backends take no dtype
-        return {}
-    from simpop.agents import load_backend
-    from simpop.agents.transformers_backend import TransformersBackend
-
-    dtype, cache = config.model.dtype, config.model.prefix_cache
-    return {model: load_backend(model, dtype=dtype, prefix_cache=cache),
-            f"trainable:{model}": TransformersBackend(model, dtype=dtype, prefix_cache=cache)}
-
-
-def build_trainer(condition: str, config: CollapseConfig, seed: int, env: Any,
-                  backends: dict[str, Any] | None = None):
-    """The trainer of one condition and seed: GRPO against the condition's simulator, or co-training
-    (``backends``: the simulators' loaded models, :func:`simulator_backends`)."""
-    from simpop.agents.policy import build_policy
-    from simpop.simulators.registry import build_many
-    from simpop.train.cotrain import CoTrainer
-    from simpop.train.grpo import GRPOTrainer
-
-    grpo = dataclasses.replace(config.grpo, seed=seed)
-    model = dataclasses.replace(config.model, adapter=f"policy{seed}")
-    policy = build_policy(env, model, grpo.sampling(), seed)
-    simulators = build_many(simulator_specs(condition, config), env,
-                            simulator_backends(config) if backends is None else backends)
-    if condition in ("frozen", "verbalized"):
-        return GRPOTrainer(config.env_id, policy, simulators[0], grpo, env_kwargs=config.env_kwargs())
-    return CoTrainer(GRPOTrainer(config.env_id, policy, None, grpo, env_kwargs=config.env_kwargs()), simulators,
-                     condition_cotrain(condition, config.cotrain))
-
-
-def build_panel(config: CollapseConfig, env: Any, backends: dict[str, Any] | None = None, name: str = "heldout"):
-    """The held-out :class:`~simpop.simulators.population.Panel` (same for every condition and seed), or the
-    :func:`extra_panels` one called ``name``."""
-    from simpop.simulators.registry import load_panel
-
-    members = panel_specs(config) if name == "heldout" else extra_panels(config)[name]
-    return load_panel({"name": f"p4g-{name}", "members": members}, env,
-                      simulator_backends(config) if backends is None else backends)
-
 
 def run_one(config: CollapseConfig, condition: str, seed: int, out: Path, resume: bool,
             report: Callable[[str, int, int, dict[str, float]], None] | None = None) -> Path:
@@ -449,34 +137,7 @@ def run_one(config: CollapseConfig, condition: str, seed: int, out: Path, resume
     return run_dir
 
 
-def evaluate_run(env_id: str, trainer: Any, panel: Any, episodes: int, seed: int,
-                 env_kwargs: dict[str, Any]) -> tuple[dict[str, Any], Any, Any]:
-    """One evaluation of a run: the policy on the held-out ``panel`` and on its own training simulator (the same
-    dialogues: ``seed``); the record's success, gap and entropy fields, and both results."""
-    from simpop.evaluation.panel import evaluate
-
-    held = evaluate(env_id, trainer.policy, panel, episodes, seed, env_kwargs)
-    train = evaluate(env_id, trainer.policy, trainer.training_simulator, episodes, seed, env_kwargs)
-    record = {"heldout_success": held.success, "train_success": train.success,
-              "collapse_gap": train.success - held.success, "policy_entropy": held.entropy,
-              **{f"heldout/{k}": v for k, v in held.per_member.items()}}
-    return record, held, train
-
-
 # ============================================================================================ summary
-def read_records(out: Path, config: Any) -> list[dict[str, Any]]:
-    """Every run's metrics, tagged with condition and seed, in (condition, seed, line) order (``config``: any
-    experiment config with ``conditions`` and ``seed_list``)."""
-    records = []
-    for condition in config.conditions:
-        for seed in config.seed_list:
-            path = out / "runs" / condition / f"seed{seed}" / "metrics.jsonl"
-            if path.exists():
-                for line in path.read_text().splitlines():
-                    if line.strip():
-                        records.append({"condition": condition, "seed": seed, **json.loads(line)})
-    return records
-
 
 def summarise(records: Sequence[dict[str, Any]], config: CollapseConfig, descriptions: dict[str, str],
               wall_time_s: float) -> dict[str, Any]:
@@ -734,6 +395,7 @@ class Progress:
         self.heldout: dict[str, float] = {}
 
     def report(self, condition: str, seed: int, step: int, record: dict[str, Any]) -> None:
+        """Count a finished update, or show a new held-out success, of ``(condition, seed)``."""
         if record.get("kind") == "train":
             self.bar.update(1)
         elif "heldout_success" in record and not math.isnan(record["heldout_success"]):
@@ -741,9 +403,11 @@ class Progress:
             self.bar.set_postfix({f"{c}": f"{v:.2f}" for c, v in self.heldout.items()}, refresh=False)
 
     def drain(self, queue: Any) -> None:
+        """Report every record waiting in ``queue`` (from worker processes)."""
         while not queue.empty():
             self.report(*queue.get())
 
     def close(self) -> None:
+        """Close the progress bar."""
         self.bar.close()
 

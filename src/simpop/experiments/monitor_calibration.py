@@ -78,7 +78,7 @@ def run_one(config: MonitorCalibrationConfig, condition: str, seed: int, out: st
 
     from simpop.envs.registration import make
     from simpop.evaluation.panel import evaluate
-    from simpop.experiments import collapse
+    from simpop.experiments import conditions
     from simpop.experiments.adaptive import probe_specs
     from simpop.simulators.registry import load_panel
     from simpop.train.loop import LoopConfig, run
@@ -89,11 +89,11 @@ def run_one(config: MonitorCalibrationConfig, condition: str, seed: int, out: st
         return outcome(run_dir, condition, seed)
     torch.set_num_threads(1)
     torch.manual_seed(seed)
-    cc = collapse.CollapseConfig(level="act", seeds=1, updates=config.updates, eval_every=config.eval_every,
+    cc = conditions.CollapseConfig(level="act", seeds=1, updates=config.updates, eval_every=config.eval_every,
                                  eval_episodes=config.eval_episodes, workers=1, threads=1)
     env = make(cc.env_id, **cc.env_kwargs())
-    trainer = collapse.build_trainer(condition, cc, seed, env)
-    heldout = collapse.build_panel(cc, env)
+    trainer = conditions.build_trainer(condition, cc, seed, env)
+    heldout = conditions.build_panel(cc, env)
     probe_panel = load_panel({"name": "probe", "members": probe_specs()}, env)
     eval_seed, probe_seed = 1_000_003 + seed, 2_000_003 + seed
 
@@ -179,6 +179,7 @@ def summarise(results: list[dict[str, Any]], config: MonitorCalibrationConfig, w
 
 
 def render_report(summary: dict[str, Any]) -> str:
+    """The calibration report (Markdown) of a summary: settings, per-rule table, per-run lines."""
     c = summary["config"]
     lines = ["# Collapse monitor calibration (act-level P4G)", "",
              f"Conditions {c['conditions']}, seeds {c['first_seed']}..{c['first_seed'] + c['seeds'] - 1}, "

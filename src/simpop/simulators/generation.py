@@ -217,7 +217,8 @@ class DescriptionWriter:
         backend: A backend (``generate(chats, params)``), e.g. ``load_backend("smollm2")``.
         temperature: Sampling temperature of the writing call.
         max_new_tokens: Token budget of one answer.
-        min_chars, max_chars: Accepted length of one description (shorter ones are dropped, longer ones cut).
+        min_chars: Shortest accepted description (shorter ones are dropped).
+        max_chars: Longest accepted description (longer ones are cut).
         max_transcript_chars: Characters of each transcript shown to the model.
         stats: Counters: ``calls``, ``parsed_json``, ``parsed_embedded_json``, ``parsed_lines``, ``unparsed``,
             ``dropped_short``, ``truncated_long``.

@@ -65,6 +65,9 @@ class DialogueFormat:
     counters: tuple[str, ...] = ()
 
     def chat(self, observation: str, scenario: Any, instructions_suffix: str = "") -> Chat:
+        """The simulator's chat: the scenario's user instructions as the system message, then the dialogue (and the
+        env's error, if it rejected the last reply).
+        """
         view = parse_observation(observation)
         chat: Chat = [{"role": "system", "content": scenario.user_instructions() + instructions_suffix}]
         chat += [{"role": m["role"], "content": m["content"]} for m in view["messages"]]
@@ -78,6 +81,7 @@ class DialogueFormat:
         return chat
 
     def to_action(self, text: str, stats: dict[str, int]) -> str:
+        """The action for a generated reply: the text itself."""
         return text
 
 

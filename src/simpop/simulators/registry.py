@@ -47,6 +47,7 @@ class Context:
         self.backends = backends if backends is not None else {}
 
     def backend(self, model: str) -> Any:
+        """The backend for model spec ``model``, loaded once per build."""
         if model not in self.backends:
             from simpop.agents import load_backend
 
@@ -54,6 +55,7 @@ class Context:
         return self.backends[model]
 
     def trainable_backend(self, model: str) -> Any:
+        """An in-process trainable backend for ``model`` (LoRA adapters), loaded once per build."""
         key = f"trainable:{model}"
         if key not in self.backends:
             from simpop.agents.transformers_backend import TransformersBackend
@@ -62,6 +64,11 @@ class Context:
         return self.backends[key]
 
     def personas(self, name: str) -> list[Any] | None:
+        """The personas of set ``name`` from the env (None for the scenario's own).
+
+        Raises:
+            ValueError: A named set without an env that provides ``persona_set``.
+        """
         if name == SCENARIO_PERSONAS:
             return None
         if self.env is None or not callable(getattr(self.env, "persona_set", None)):
@@ -70,6 +77,7 @@ class Context:
         return list(self.env.persona_set(name))
 
     def build(self, spec: SimulatorSpec, name: str | None = None) -> Simulator:
+        """Build ``spec`` with its kind's entry point, named ``name`` (default: the spec string)."""
         from simpop.envs.registration import load
 
         if self.env is not None:

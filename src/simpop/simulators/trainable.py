@@ -60,8 +60,12 @@ class TrainableLLMSimulator(LLMSimulator, Trainable):
         adapter: The adapter's name (unique per simulator on one backend).
         params: Decoding settings; must sample (temperature > 0): a trainable simulator needs the
             log-probabilities of sampled replies.
-        lora_r, lora_alpha: LoRA rank and scaling.
-        name, personas, persona_set, fallback_reply: As for :class:`LLMSimulator`.
+        lora_r: LoRA rank.
+        lora_alpha: LoRA scaling.
+        name: As for :class:`LLMSimulator`.
+        personas: As for :class:`LLMSimulator`.
+        persona_set: As for :class:`LLMSimulator`.
+        **kwargs: More :class:`LLMSimulator` arguments (``fallback_reply``, ``text_format``).
     """
 
     kind = "trainable"

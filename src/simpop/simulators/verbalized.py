@@ -407,7 +407,11 @@ class VerbalizedSimulator(LLMSimulator):
             free text, parsed robustly (for servers without structured output).
         fallback_temperature: Temperature of the plain sampling used when the answer is unusable.
         fallback_max_new_tokens: Token budget of a fallback reply.
-        name, personas, persona_set, fallback_reply, text_format: As for :class:`LLMSimulator`.
+        name: As for :class:`LLMSimulator`.
+        personas: As for :class:`LLMSimulator`.
+        persona_set: As for :class:`LLMSimulator`.
+        fallback_reply: As for :class:`LLMSimulator`.
+        text_format: As for :class:`LLMSimulator`.
 
     Attributes:
         schema: The JSON schema of an answer (sent only when ``constrained``).
@@ -604,13 +608,16 @@ class Renormalised(Simulator):
         return actions
 
     def distribution(self, observation: Any, slot: int = 0) -> list[tuple[Any, float]]:
+        """The inner simulator's stated distribution for ``slot``, renormalised (floor, then temperature ``tau``)."""
         options = self.inner.distribution(observation, slot)
         return list(zip([a for a, _ in options], renormalise([q for _, q in options], self.floor, self.tau)))
 
     def commit(self, observation: Any, slot: int, action: Any) -> None:
+        """Tell the inner simulator which action was taken in ``slot``."""
         self.inner.commit(observation, slot, action)
 
     def slot_rng(self, slot: int) -> np.random.Generator:
+        """The inner simulator's generator for ``slot``."""
         return self.inner.slot_rng(slot)
 
 

@@ -66,12 +66,14 @@ ParticipantKey = Annotated[str, StringConstraints(pattern=r"^[A-Za-z0-9_-]{24}$"
 
 
 class JoinRequest(BaseModel):
+    """``POST /api/join``: the study token, and the participant id when rejoining."""
     model_config = ConfigDict(extra="forbid")
     token: Annotated[str, StringConstraints(min_length=1, max_length=200)]
     key: ParticipantKey | None = None
 
 
 class RatingRequest(BaseModel):
+    """``POST /api/chat/{chat_id}/rating``: the participant's ratings of a finished chat."""
     model_config = ConfigDict(extra="forbid")
     naturalness: int = Field(ge=1, le=5, description="How natural the agent sounded, 1 (not at all) to 5 (very)")
     would_talk_again: bool = Field(description="Would talk to this agent again")

@@ -112,6 +112,7 @@ class Chat:
 
     # ----------------------------------------------------------------- the dialogue thread
     def start(self) -> None:
+        """Start the chat's dialogue thread (it waits for the participant at each user turn)."""
         self._thread.start()
 
     def _run(self) -> None:

@@ -475,6 +475,7 @@ class CoTrainer:
                 "config": dataclasses.asdict(self.config)}
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
+        """Restore the policy trainer, every simulator and its optimiser, the pool's snapshots and the update count."""
         self.policy_trainer.load_state_dict(state["policy_trainer"])
         for sim, s in zip(self.simulators, state["simulators"], strict=True):
             sim.load_state_dict(s)

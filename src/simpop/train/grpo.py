@@ -406,6 +406,9 @@ class GRPOTrainer:
                 "config": dataclasses.asdict(self.config)}
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
+        """Restore the policy, optimiser, generator state and update count; a text policy then pushes the loaded
+        weights to its generator.
+        """
         self.policy.load_state_dict(state["policy"])
         self.optimizer.load_state_dict(state["optimizer"])
         self.rng.bit_generator.state = state["rng"]

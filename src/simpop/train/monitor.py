@@ -205,11 +205,13 @@ class CollapseMonitor:
         return bool(no_new_best and rose)
 
     def state_dict(self) -> dict[str, Any]:
+        """Everything the rule reads (history, streak, firing step), for checkpoints."""
         return {"fired_at": self.fired_at, "history": list(self.history), "entropy": list(self._entropy),
                 "since_probe": [dict(m) for m in self._since_probe], "train_at_probe": list(self._train_at_probe),
                 "probe": list(self._probe), "streak": self._streak}
 
     def load_state_dict(self, state: Mapping[str, Any]) -> None:
+        """Restore what :meth:`state_dict` saved."""
         self.fired_at = state["fired_at"]
         self.history = list(state["history"])
         self._entropy = list(state["entropy"])

@@ -54,7 +54,8 @@ class PoolGrower:
     """One growth round per call (module docstring); ``grower(step, record=None) -> what it did``.
 
     Args:
-        env_id, env_kwargs: The env the probe runs.
+        env_id: The env the probe runs.
+        env_kwargs: Its constructor arguments.
         env: An env instance (the failure model reads scenarios from it; simulators are built for it).
         trainer: Has ``policy`` and the pool (``training_simulator``).
         probe: The probe panel (never the held-out panel).
@@ -151,6 +152,9 @@ class AdaptivePoolTrainer:
         return self.inner.training_simulator
 
     def step(self) -> dict[str, float]:
+        """One update of the inner trainer; records each member's contribution (informative groups, outcomes) and runs
+        a growth round every ``grow_every`` updates.
+        """
         batch = self.inner.collect()
         metrics = self.inner.update(batch)
         pool = self.training_simulator
@@ -172,6 +176,7 @@ class AdaptivePoolTrainer:
         return metrics
 
     def state_dict(self) -> dict[str, Any]:
+        """The inner trainer's state, the pool (members' specs, weights, records) and the grower's state."""
         pool = self.training_simulator
         return {"inner": self.inner.state_dict(), "pool": pool.pool_state(),
                 "specs": {m.name: str(m.spec) for m in pool.members},
@@ -179,6 +184,7 @@ class AdaptivePoolTrainer:
                 "grower_rng": self.grower.rng.bit_generator.state if self.grower is not None else None}
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
+        """Restore the inner trainer and rebuild the pool's members from their specs."""
         from simpop.simulators.registry import build_simulator
 
         self.inner.load_state_dict(state["inner"])

@@ -113,6 +113,7 @@ class ActorCritic(nn.Module):
         self.v = mlp(1, 1.0)
 
     def forward(self, obs: torch.Tensor) -> tuple[torch.distributions.Categorical, torch.Tensor]:
+        """The action distribution and the value of each observation ``[B, obs_dim]``."""
         return torch.distributions.Categorical(logits=self.pi(obs)), self.v(obs).squeeze(-1)
 
     def act_batch(self, observations: list[Any], rng: np.random.Generator | None) -> list[int]:
@@ -293,10 +294,12 @@ class PPOTrainer:
         return total / episodes
 
     def state_dict(self) -> dict[str, Any]:
+        """The model, optimiser, update count and config, for checkpoints."""
         return {"model": self.model.state_dict(), "optimizer": self.optimizer.state_dict(),
                 "update_count": self.update_count, "config": dataclasses.asdict(self.config)}
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
+        """Restore what :meth:`state_dict` saved."""
         self.model.load_state_dict(state["model"])
         self.optimizer.load_state_dict(state["optimizer"])
         self.update_count = int(state["update_count"])

@@ -48,6 +48,7 @@ class Action:
     content: str | None = None
 
     def to_json(self) -> str:
+        """The action in the JSON action language (its set fields only)."""
         payload = {"type": self.type}
         for key in ("text", "path", "content"):
             if getattr(self, key) is not None:

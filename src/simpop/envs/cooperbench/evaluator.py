@@ -152,6 +152,7 @@ class PairResult:
         return self.feature1.passed and self.feature2.passed
 
     def to_dict(self, diff_chars: int = 5000) -> dict[str, Any]:
+        """The result as JSON-ready data for ``info["cooperbench"]`` (the merged patch cut to ``diff_chars``)."""
         merge = asdict(self.merge)
         merge["merged_patch"] = merge["merged_patch"][:diff_chars]
         return {"features": list(self.features), "both_passed": self.both_passed, "conflict_rule": self.conflict_rule,

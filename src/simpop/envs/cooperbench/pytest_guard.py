@@ -126,12 +126,14 @@ def _phase(item, excinfo, when: str) -> None:
 
 
 def pytest_configure(config):
+    """Record the plugins present at start (to detect tampering) and the session's start."""
     _known_plugins.update(id(p) for p in config.pluginmanager.get_plugins())
     _record("start", argv=[str(a) for a in sys.argv[1:]][:50])
 
 
 @pytest.hookimpl(hookwrapper=True, tryfirst=True)
 def pytest_runtest_protocol(item, nextitem):
+    """Before each test, check that pytest's internals and hooks are untampered; after it, record its outcome."""
     _check_internals(item.config)
     yield
     _record("test", nodeid=item.nodeid, outcome=_outcomes.pop(item.nodeid, "not run"))
@@ -139,18 +141,21 @@ def pytest_runtest_protocol(item, nextitem):
 
 @pytest.hookimpl(hookwrapper=True, trylast=True)
 def pytest_runtest_setup(item):
+    """Record the setup phase's outcome."""
     outcome = yield
     _phase(item, outcome.excinfo, "setup")
 
 
 @pytest.hookimpl(hookwrapper=True, trylast=True)
 def pytest_runtest_call(item):
+    """Record the test call's outcome."""
     outcome = yield
     _phase(item, outcome.excinfo, "call")
 
 
 @pytest.hookimpl(hookwrapper=True, trylast=True)
 def pytest_runtest_teardown(item, nextitem):
+    """Record an error in teardown (a skip is not one)."""
     outcome = yield
     if outcome.excinfo is not None and not isinstance(outcome.excinfo[1], _SKIP):
         _outcomes[item.nodeid] = "error"
@@ -158,5 +163,6 @@ def pytest_runtest_teardown(item, nextitem):
 
 @pytest.hookimpl(trylast=True)
 def pytest_sessionfinish(session, exitstatus):
+    """Check pytest's internals once more and record the session's end and exit status."""
     _check_internals(session.config)
     _record("finish", exitstatus=int(exitstatus))

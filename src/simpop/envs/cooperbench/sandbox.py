@@ -327,6 +327,7 @@ class Capabilities:
     refused: str = ""
 
     def describe(self) -> str:
+        """What the sandbox enforces on this machine, in one paragraph (for logs and the env's info)."""
         if self.namespaces and self.private_root:
             text = ("network: none (empty network namespace); leftover processes: killed with the PID namespace; "
                     "filesystem: a private read-only root with only system, interpreter and run directories, "
@@ -500,6 +501,7 @@ class ProcessResult:
         return self.exit_code == 0 and not self.timed_out and not self.output_limited and not self.disk_full
 
     def tail(self, chars: int = 2000) -> str:
+        """The last ``chars`` characters of the process's output."""
         return self.output[-chars:]
 
     def describe(self) -> str:

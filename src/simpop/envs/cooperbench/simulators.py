@@ -123,6 +123,9 @@ class CooperBenchFormat:
         self.seat = seat
 
     def chat(self, observation: str, scenario: Any, instructions_suffix: str = "") -> Chat:
+        """The seat's chat: its instructions as the system message, its view of the dialogue, then its state and the
+        request for one JSON action.
+        """
         view = parse_observation(observation)
         chat: Chat = [{"role": "system", "content": scenario.instructions(self.seat) + instructions_suffix}]
         for message in view["messages"]:

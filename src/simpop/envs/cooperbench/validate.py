@@ -30,6 +30,7 @@ class FeatureCheck:
     combined: FeatureResult | None
 
     def problems(self) -> list[str]:
+        """What is wrong with this feature's data (base passes, gold fails, ...); empty if nothing."""
         where = f"{self.task} feature {self.feature}"
         found = []
         if self.base.passed:
@@ -52,13 +53,16 @@ class PairCheck:
 
 @dataclass
 class Report:
+    """Every feature's and pair's checks of a dataset."""
     features: list[FeatureCheck]
     pairs: list[PairCheck]
 
     def problems(self) -> list[str]:
+        """Every feature's problems, in order."""
         return [p for check in self.features for p in check.problems()]
 
     def table(self) -> str:
+        """A printable table: base, gold and combined results per feature, and the pairs' merges."""
         def verdict(r: FeatureResult | None) -> str:
             if r is None:
                 return "-"
@@ -106,6 +110,7 @@ def validate(dataset: Dataset, evaluator: Evaluator, subset: str | None = None, 
 
 
 def main(argv: list[str] | None = None) -> int:
+    """``python -m simpop.envs.cooperbench.validate``: check a dataset; 0 if no problems, else 1."""
     parser = argparse.ArgumentParser(prog="python -m simpop.envs.cooperbench.validate",
                                      description=__doc__.splitlines()[0])
     parser.add_argument("--dataset", default="mini",

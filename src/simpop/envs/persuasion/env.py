@@ -233,7 +233,8 @@ class PersuasionEnv(_PersuasionEnv):
     Args:
         max_turns: Persuader–persuadee exchanges before the survey (or truncation).
         max_message_chars: Longest accepted message.
-        n_scenarios, scenario_seed: Size and seed of the default persona set.
+        n_scenarios: Size of the default persona set.
+        scenario_seed: Seed of the default persona set.
         corpus_dir: Use the P4G corpus's persuadee personas instead (see ``corpus.py``).
         render_mode: ``"ansi"`` or ``"human"``.
         survey: Ask the closing survey (``simpop/Persuasion-v1``); False truncates undecided dialogues
@@ -289,6 +290,7 @@ class PersuasionEnv(_PersuasionEnv):
         return info
 
     def step(self, actions: dict[str, Any]):
+        """The base's step, with the dialogue's phase (``dialogue`` or ``survey``) in every info."""
         observations, rewards, terminations, truncations, infos = super().step(actions)
         for info in infos.values():  # the phase after the step (the base's infos are begun before it)
             info["phase"] = self.phase
@@ -349,6 +351,7 @@ class PersuasionEnv(_PersuasionEnv):
         return self.text_observation(seat, instructions=instructions)
 
     def render(self) -> str | None:
+        """The transcript, then the closing survey's answer if it was asked."""
         text = super().render()
         if text is None or self.survey_answer is None:
             return text

@@ -128,6 +128,9 @@ class PersuasionFailures:
 
     def propose(self, lost: Sequence[Any], won: Sequence[Any], count: int, rng: np.random.Generator,
                 stats: MutableMapping[str, int]) -> list[dict[str, Any]]:
+        """Up to ``count`` simulator proposals from the lost dialogues' personas (module docstring); ``stats`` counts
+        why none came.
+        """
         lost_p, won_p = self._personas(lost, stats), self._personas(won, stats)
         if not lost_p:
             stats["no_lost_personas"] = stats.get("no_lost_personas", 0) + 1

@@ -476,7 +476,8 @@ def calibrate(params: PersuadeeParams | None = None, personas: Sequence[Persona]
         personas: Population to calibrate on (default: ``n`` draws from :class:`PersonaSampler`).
         target_rate: Share of persuadees who donate (corpus: 545/1017 = 53.6%).
         target_mean: Mean donation over all persuadees in dollars (corpus: $0.35).
-        n, seed: Sample size and seed of the personas and reference dialogues (deterministic).
+        n: Sample size of the personas and reference dialogues.
+        seed: Seed of the personas and reference dialogues (deterministic).
         max_turns: Dialogue length of the reference persuader.
     """
     params = params or PersuadeeParams()

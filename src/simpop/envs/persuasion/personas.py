@@ -107,6 +107,7 @@ class Persona:
         return cls(**out)
 
     def to_dict(self) -> dict[str, Any]:
+        """The persona's attributes by name."""
         return asdict(self)
 
     def centred(self, name: str) -> float:
@@ -263,6 +264,7 @@ class PersonaSampler:
         return sampler
 
     def sample(self, rng: np.random.Generator) -> Persona:
+        """One persona: each attribute drawn independently from its marginal."""
         values = {}
         for name in PERSONA_FIELDS:
             support, probs = self._tables[name]
@@ -270,6 +272,7 @@ class PersonaSampler:
         return Persona(**values)
 
     def sample_many(self, n: int, rng: np.random.Generator) -> list[Persona]:
+        """``n`` personas drawn with ``rng``."""
         return [self.sample(rng) for _ in range(n)]
 
     def modal_persona(self) -> Persona:
@@ -286,9 +289,11 @@ class EmpiricalPersonaSampler:
         self.personas = list(personas)
 
     def sample(self, rng: np.random.Generator) -> Persona:
+        """One of the personas, uniformly."""
         return self.personas[int(rng.integers(len(self.personas)))]
 
     def sample_many(self, n: int, rng: np.random.Generator) -> list[Persona]:
+        """``n`` personas drawn with replacement."""
         return [self.sample(rng) for _ in range(n)]
 
     def modal_persona(self) -> Persona:

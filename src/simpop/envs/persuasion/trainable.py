@@ -372,6 +372,7 @@ class TrainableActPersuadee(ActPersuadee, Trainable):
         self.samples_personas = True
 
     def persona_parameters(self) -> list[torch.nn.Parameter]:
+        """The persona sampler's logits (what the ``persona`` objective trains)."""
         return [self.persona_logits]
 
     def persona_score(self, episodes: Sequence[ActEpisode]) -> Scores:

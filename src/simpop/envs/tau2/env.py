@@ -193,6 +193,7 @@ class Tau2Env(DialogueEnv):
         self._step_info: dict[str, dict[str, Any]] = {}
 
     def step(self, actions: dict[str, Any]):
+        """The base's step, with failed tool calls (``tool_errors``) added to the acting seat's info."""
         self._step_info = {}
         observations, rewards, terminations, truncations, infos = super().step(actions)
         for seat, flags in self._step_info.items():

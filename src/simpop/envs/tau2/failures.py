@@ -59,6 +59,9 @@ class Tau2Failures:
 
     def propose(self, lost: Sequence[Any], won: Sequence[Any], count: int, rng: np.random.Generator,
                 stats: MutableMapping[str, int]) -> list[dict[str, Any]]:
+        """Up to ``count`` written user personas from the lost dialogues (module docstring); ``stats`` counts why none
+        came.
+        """
         if self.writer is None:
             stats["no_writer"] = stats.get("no_writer", 0) + 1
             return []

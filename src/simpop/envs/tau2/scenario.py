@@ -35,6 +35,7 @@ class Tau2Scenario:
 
     @classmethod
     def from_task(cls, d: Domain, task: Task) -> Tau2Scenario:
+        """The scenario of τ² task ``task`` in domain ``d`` (its user scenario, the domain's policy and tools)."""
         return cls(id=task.id, domain=d.name, task=task, persona=task.user_scenario.persona, policy=d.policy,
                    agent_tools=d.agent_tools, user_tools=d.user_tools)
 

@@ -106,6 +106,9 @@ class GoldAgent:
         self._said = False
 
     def act(self, observation: str) -> str:
+        """The next gold action as a tool call; once they are done, the task's summary message, then a closing
+        question.
+        """
         if self.actions:
             name, arguments = self.actions.pop(0)
             return json.dumps({"name": name, "arguments": arguments})

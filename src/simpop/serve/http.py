@@ -127,6 +127,7 @@ class HeadTimeoutProtocol(H11Protocol):
         self._head_timer: asyncio.TimerHandle | None = None
 
     def connection_made(self, transport: asyncio.Transport) -> None:  # type: ignore[override]
+        """Set TCP_NODELAY and start the deadline for the first request head."""
         super().connection_made(transport)
         sock = transport.get_extra_info("socket")
         if sock is not None and sock.family in (socket.AF_INET, socket.AF_INET6):
@@ -134,16 +135,19 @@ class HeadTimeoutProtocol(H11Protocol):
         self._arm_head_timer()
 
     def data_received(self, data: bytes) -> None:
+        """Feed the bytes to h11; once a request head has arrived, its deadline is off."""
         super().data_received(data)
         if self.conn.their_state is not h11.IDLE:  # the head arrived; the body has its own deadline
             self._cancel_head_timer()
 
     def on_response_complete(self) -> None:
+        """After a response on a kept-alive connection, start the deadline for the next head."""
         super().on_response_complete()
         if not self.transport.is_closing() and self.conn.their_state is h11.IDLE:
             self._arm_head_timer()
 
     def connection_lost(self, exc: Exception | None) -> None:
+        """Cancel the head deadline and close as uvicorn does."""
         self._cancel_head_timer()
         super().connection_lost(exc)
 

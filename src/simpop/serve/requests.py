@@ -110,17 +110,20 @@ class _Request(BaseModel):
 
 
 class StreamOptions(BaseModel):
+    """``stream_options``: ``include_usage`` adds a final chunk with token counts."""
     model_config = ConfigDict(extra="forbid")
     include_usage: StrictBool = False
 
 
 class TextPart(BaseModel):
+    """One ``{"type": "text", "text": ...}`` part of a message's content."""
     model_config = ConfigDict(extra="forbid")
     type: Literal["text"]
     text: StrictStr
 
 
 class Message(BaseModel):
+    """One chat message: ``system``, ``user`` or ``assistant`` (tool messages are refused), text or text parts."""
     model_config = ConfigDict(extra="forbid")
     role: Literal["system", "user", "assistant"]  # no tool messages: this server does not call tools
     content: StrictStr | list[TextPart]
@@ -131,6 +134,7 @@ class Message(BaseModel):
 
 
 class JSONSchemaSpec(BaseModel):
+    """``response_format.json_schema``: the schema a structured answer must follow, and its name."""
     model_config = ConfigDict(extra="forbid", populate_by_name=True)
     name: StrictStr = "response"
     description: StrictStr | None = None
@@ -139,6 +143,7 @@ class JSONSchemaSpec(BaseModel):
 
 
 class ResponseFormat(BaseModel):
+    """``response_format``: free ``text``, any ``json_object``, or a ``json_schema``."""
     model_config = ConfigDict(extra="forbid")
     type: Literal["text", "json_object", "json_schema"]
     json_schema: JSONSchemaSpec | None = None
@@ -191,6 +196,7 @@ class ChatCompletionRequest(_Request):
         return [{"role": m.role, "content": m.text} for m in self.messages]
 
     def max_new_tokens(self, default: int) -> int:
+        """The token budget asked for: ``max_completion_tokens``, else ``max_tokens``, else ``default``."""
         return self.max_completion_tokens or self.max_tokens or default
 
 

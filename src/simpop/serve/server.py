@@ -8,7 +8,7 @@ A chat request with ``prompt_logprobs: 0`` (vLLM's extension, with ``add_generat
 with every prompt token's log-probability and no generation (how
 :meth:`~simpop.agents.openai_backend.OpenAIBackend.score_replies` scores a survey's options).
 
-Concurrent requests with the same sampling settings are micro-batched (:mod:`simpop.agents.serve_batching`):
+Concurrent requests with the same sampling settings are micro-batched (:mod:`simpop.serve.batching`):
 the first request of a batch waits up to ``--batch-window-ms`` for others, then all run as one backend call
 of at most ``--max-batch`` rows, so one process can host the simulators of many trainers. Requests that
 carry a ``seed`` run as a batch of their own, so that their answer does not depend on what else arrived.
@@ -26,10 +26,10 @@ Beyond the OpenAI schema, every choice carries ``token_ids`` and the response ``
 field names); log-prob entries name tokens as ``token_id:<id>`` (vLLM's ``return_tokens_as_token_ids``
 form). ``simpop.agents.OpenAIBackend`` reads both.
 
-Limits (each a flag, named in the error that enforces it; :class:`~simpop.agents.serve_requests.Limits`):
+Limits (each a flag, named in the error that enforces it; :class:`~simpop.serve.requests.Limits`):
 body size (413, unread beyond ``Content-Length``), ``n``, ``stop`` entries, ``n × prompt tokens ×
 max_tokens`` (work) and ``n × (prompt tokens + max_tokens)`` (memory), a read deadline for the request head
-and body, an idle keep-alive timeout (:mod:`simpop.agents.serve_http`). The API key is checked before the
+and body, an idle keep-alive timeout (:mod:`simpop.serve.http`). The API key is checked before the
 body is read, on every route including ``/health``. Fields the server does not honour (``tools``,
 penalties, unknown names) get HTTP 400; no client error is answered with 500.
 
@@ -64,9 +64,9 @@ except ImportError as missing:
     raise ImportError(f"simpop serve needs fastapi and uvicorn ({missing}): pip install simpop[llm]") from missing
 
 from simpop.agents.base import Backend, Chat, Generation, SamplingParams, supports_json_schema
-from simpop.agents.serve_batching import MicroBatcher
-from simpop.agents.serve_http import HeadTimeoutProtocol, RequestGate, error_body
-from simpop.agents.serve_requests import ChatCompletionRequest, CompletionRequest, LimitExceeded, Limits, describe
+from simpop.serve.batching import MicroBatcher
+from simpop.serve.http import HeadTimeoutProtocol, RequestGate, error_body
+from simpop.serve.requests import ChatCompletionRequest, CompletionRequest, LimitExceeded, Limits, describe
 
 log = logging.getLogger(__name__)
 
@@ -87,7 +87,7 @@ class SimpopServer:
 
     Attributes:
         url: The API root for clients, e.g. ``http://127.0.0.1:8000/v1``.
-        limits: What one request may ask (see :class:`~simpop.agents.serve_requests.Limits`).
+        limits: What one request may ask (see :class:`~simpop.serve.requests.Limits`).
         requests: Completion requests received (refused ones too); ``in_flight`` / ``max_in_flight`` count
             those being answered, ``rejected`` every request answered with a 4xx.
     """
@@ -144,6 +144,7 @@ class SimpopServer:
         self.close()
 
     def stats(self) -> dict[str, int]:
+        """Request counters: received, in flight now and at most, rejected (4xx), and backend batches."""
         return {"requests": self.requests, "in_flight": self.in_flight, "max_in_flight": self.max_in_flight,
                 "rejected": self.rejected, "batches": self.batcher.batches}
 
@@ -183,7 +184,7 @@ def make_server(
     Args:
         model_name: The model id clients must send; default ``backend.name``.
         api_key: If set, requests must carry ``Authorization: Bearer <api_key>`` (else HTTP 401).
-        limits: Request caps and timeouts; default :class:`~simpop.agents.serve_requests.Limits()`.
+        limits: Request caps and timeouts; default :class:`~simpop.serve.requests.Limits()`.
         log_requests: Log every HTTP request (uvicorn's access log).
     """
     sock = socket.create_server((host, port), family=socket.AF_INET6 if ":" in host else socket.AF_INET)
@@ -566,6 +567,7 @@ async def _sse(chunks: Iterator[dict[str, Any]]) -> AsyncIterator[bytes]:
 
 
 def configure(parser: argparse.ArgumentParser) -> None:
+    """Add ``simpop serve``'s arguments to ``parser``."""
     defaults = Limits()
     parser.add_argument("--engine", choices=("simpop", "vllm"), default="simpop",
                         help="simpop: this server over any simpop backend; vllm: vLLM's own OpenAI server "
@@ -613,6 +615,7 @@ def configure(parser: argparse.ArgumentParser) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
+    """Run ``simpop serve`` with parsed arguments until interrupted; returns the exit code."""
     logging.basicConfig(
         level=logging.DEBUG if args.log_requests else logging.INFO, format="%(asctime)s %(message)s"
     )
