@@ -9,8 +9,8 @@ import httpx
 import pytest
 
 from simpop.agents.base import Generation
-from simpop.agents.serve import make_server
-from simpop.agents.serve_requests import Limits
+from simpop.serve.server import make_server
+from simpop.serve.requests import Limits
 
 CHAT = [{"role": "user", "content": "hi"}]
 

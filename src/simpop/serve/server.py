@@ -375,7 +375,7 @@ def _check_top_logprobs(backend: Any, schema: dict[str, Any] | None) -> None:
 async def _generate(server: SimpopServer, request: Request, method: str, rows: list[Any],
                     params: SamplingParams) -> list[Generation]:
     """The batcher's generations for ``rows``; if the client disconnects first, the job is cancelled (the model
-    stops working on it, see :mod:`simpop.agents.serve_batching`) and the request ends with 499."""
+    stops working on it, see :mod:`simpop.serve.batching`) and the request ends with 499."""
     import asyncio
 
     job = asyncio.ensure_future(server.batcher.generate(method, rows, params))

@@ -18,7 +18,7 @@ Content-Security-Policy (scripts only from this server, no inline script), ``X-C
 only, so chat text is never parsed as HTML. Rate limits use the ``limits`` package (moving windows, in memory).
 
 Limits: a body over 64 KiB is refused with 413 before it is read beyond the cap, chunked or not, and a body must
-arrive within 30 s (408) (:class:`~simpop.agents.serve_http.RequestGate`, shared with ``simpop serve``); a 422 names
+arrive within 30 s (408) (:class:`~simpop.serve.http.RequestGate`, shared with ``simpop serve``); a 422 names
 the fields and the rule, never echoes the input (pydantic refuses text that is not valid Unicode, such as a lone
 UTF-16 surrogate: a 422 too). Requests that wait for the policy wait on the event loop, not in a thread, so the
 page, its script and every other chat stay answered while a policy is slow.
@@ -44,7 +44,7 @@ from limits.storage import MemoryStorage
 from limits.strategies import MovingWindowRateLimiter
 from pydantic import BaseModel, ConfigDict, Field, StringConstraints
 
-from simpop.agents.serve_http import RequestGate
+from simpop.serve.http import RequestGate
 from simpop.study.study import Study, StudyError
 
 STATIC = Path(__file__).with_name("static")
