@@ -32,6 +32,7 @@ the policy's token ids from ``messages`` with simpop's token-in/token-out bookke
 
 from __future__ import annotations
 
+import asyncio
 import functools
 import itertools
 import json
@@ -191,6 +192,22 @@ class SimpopEnvironment(Environment[SimpopAction, SimpopObservation, SimpopState
         if (terminated or truncated) and self.on_episode is not None:
             self.on_episode(self)
         return result
+
+    # OpenEnv awaits these when a subclass overrides them. Without a model backend (native and act-level
+    # simulators) a step takes well under a millisecond: it runs on the event loop, sparing the thread
+    # hand-off OpenEnv's sync path costs (~1-2 ms a step on a loaded CPU). Model-backed simulators run in a
+    # worker thread, so one session's generation never holds up the others.
+    async def reset_async(self, seed: int | None = None, episode_id: str | None = None,
+                          **kwargs: Any) -> SimpopObservation:
+        if not self.source.backends:
+            return self.reset(seed=seed, episode_id=episode_id, **kwargs)
+        return await asyncio.to_thread(self.reset, seed=seed, episode_id=episode_id, **kwargs)
+
+    async def step_async(self, action: SimpopAction, timeout_s: float | None = None,
+                         **kwargs: Any) -> SimpopObservation:
+        if not self.source.backends:
+            return self.step(action, timeout_s, **kwargs)
+        return await asyncio.to_thread(self.step, action, timeout_s, **kwargs)
 
     @property
     def state(self) -> SimpopState:
