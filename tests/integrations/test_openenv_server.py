@@ -210,11 +210,11 @@ def test_api_key_guards_http_and_websockets():
             assert not env.reset(seed=0).done
 
 
-def test_environment_refuses_concurrency_misuse_and_reports_versions():
-    environment = SimpopEnvironment(UserSeatSource(ACT, ["persuadee"]), versions=lambda: {"persuadee": 3})
+def test_stepping_without_an_episode_is_refused():
+    environment = SimpopEnvironment(UserSeatSource(ACT, ["persuadee"]))
     with pytest.raises(RuntimeError, match="reset first"):
         environment.step(SimpopAction(message=1))
-    assert environment.reset(seed=0).metadata["simulator_versions"] == {"persuadee": 3}
+    assert environment.state.done and not environment.reset(seed=0).done
 
 
 @pytest.mark.parametrize("argv, message", [

@@ -39,6 +39,16 @@ def configure(parser: argparse.ArgumentParser) -> None:
     serve.add_argument("--session-idle-timeout", type=float, default=defaults.session_idle_s,
                        help="seconds an idle session is kept")
     serve.add_argument("--log-requests", action="store_true", help="log every HTTP request")
+    cotrain = serve.add_argument_group("co-training (--cotrain): the server trains its trainable simulators")
+    cotrain.add_argument("--cotrain", action="store_true",
+                         help="train the trainable --simulator(s) on the episodes served (CoTrainer's objectives)")
+    cotrain.add_argument("--cotrain-objective", default="target", help="target | persona | realism | "
+                         "adversarial | diverse (simpop.train.cotrain)")
+    cotrain.add_argument("--cotrain-episodes", type=int, default=16, help="episodes per simulator update")
+    cotrain.add_argument("--sim-lr", type=float, default=0.05, help="the simulators' learning rate")
+    cotrain.add_argument("--reference-data", help="reference dialogues (objectives realism, adversarial)")
+    cotrain.add_argument("--cotrain-dir", help="checkpoint folder of the simulators")
+    cotrain.add_argument("--resume", action="store_true", help="continue from --cotrain-dir's newest checkpoint")
 
 
 def run(args: argparse.Namespace) -> int:
@@ -51,8 +61,10 @@ def run(args: argparse.Namespace) -> int:
                               max_body_bytes=args.max_body_bytes, read_timeout_s=args.read_timeout,
                               session_idle_s=args.session_idle_timeout)
         source = UserSeatSource(args.env, args.simulator or (), args.panel, parse_env_args(args.env_arg))
+        cotrainer = _cotrainer(args, source)
         server = make_server(source, args.host, args.port, limits=limits, api_key=args.api_key,
-                             log_requests=args.log_requests)
+                             log_requests=args.log_requests,
+                             environment=None if cotrainer is None else cotrainer.environment)
     except (ValueError, KeyError, TypeError, OSError) as error:
         message = error.args[0] if isinstance(error, KeyError) and error.args else error
         print(f"simpop openenv serve: {message}", file=sys.stderr)
@@ -66,4 +78,21 @@ def run(args: argparse.Namespace) -> int:
         pass
     finally:
         server.socket.close()
+        if cotrainer is not None:
+            cotrainer.close()
     return 0
+
+
+def _cotrainer(args: argparse.Namespace, source):
+    """The server's co-trainer with --cotrain, else None (co-training flags without it are an error)."""
+    if not args.cotrain:
+        if args.resume or args.cotrain_dir:
+            raise ValueError("--resume and --cotrain-dir apply to --cotrain")
+        return None
+    if args.resume and not args.cotrain_dir:
+        raise ValueError("--resume needs --cotrain-dir (where the checkpoints are)")
+    from simpop.integrations.openenv_cotrain import ServerCoTrainer
+    from simpop.train.cotrain import CoTrainConfig
+
+    config = CoTrainConfig(objective=args.cotrain_objective, sim_lr=args.sim_lr, reference_data=args.reference_data)
+    return ServerCoTrainer(source, config, args.cotrain_episodes, args.cotrain_dir, args.resume)

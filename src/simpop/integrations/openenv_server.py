@@ -103,20 +103,17 @@ class UserSeatSource:
         panel: A named held-out panel instead (:func:`simpop.evaluation.panels.load_named_panel`).
         env_kwargs: Env constructor arguments.
         backends: Model -> backend cache shared by every session's simulators (an LLM loads once).
-        simulator_factory: Builds the simulator for a session's env instead of the specs (co-training shares
-            trainable simulators this way).
     """
 
     def __init__(self, env_id: str, simulators: Sequence[str] = (), panel: str | None = None,
-                 env_kwargs: dict[str, Any] | None = None, backends: MutableMapping[str, Any] | None = None,
-                 simulator_factory: Callable[[Any], Simulator] | None = None):
-        if (panel is None) == (not simulators and simulator_factory is None):
-            raise ValueError("give simulator specs (or a factory) or a panel, not both or neither")
+                 env_kwargs: dict[str, Any] | None = None, backends: MutableMapping[str, Any] | None = None):
+        if (panel is None) == (not simulators):
+            raise ValueError("give simulator specs or a panel, not both or neither")
         self.env_id, self.simulators, self.panel = env_id, tuple(simulators), panel
         self.env_kwargs = dict(env_kwargs or {})
         self.backends = backends if backends is not None else {}
-        self.simulator_factory = simulator_factory
         self._lock = threading.Lock()  # backends load once even when sessions start together
+        self.model_lock = threading.Lock()  # one model call at a time on the shared backends
         with self._lock:  # fail now (unknown env id or arguments, bad specs or panel), not in the first session
             self.build(make(env_id, **self.env_kwargs))
 
@@ -128,8 +125,6 @@ class UserSeatSource:
             from simpop.evaluation.panels import load_named_panel
 
             return dict(load_named_panel(self.panel, env, self.backends, env_id=self.env_id))
-        if self.simulator_factory is not None:
-            return self.simulator_factory(env)
         spec: Any = self.simulators[0] if len(self.simulators) == 1 else list(self.simulators)
         return build_simulator(spec, env=env, backends=self.backends)
 
@@ -140,17 +135,14 @@ class SimpopEnvironment(Environment[SimpopAction, SimpopObservation, SimpopState
 
     Args:
         source: What fills the user seat.
-        on_episode: Called with ``(environment, trajectory_info)`` when an episode ends (co-training).
-        versions: Returns the simulators' versions for ``metadata`` (co-training).
     """
 
     SUPPORTS_CONCURRENT_SESSIONS = True
     _panel_turn = itertools.count()
 
-    def __init__(self, source: UserSeatSource, on_episode: Callable[[SimpopEnvironment], None] | None = None,
-                 versions: Callable[[], dict[str, int]] | None = None):
+    def __init__(self, source: UserSeatSource):
         super().__init__()
-        self.source, self.on_episode, self.versions = source, on_episode, versions
+        self.source = source
         self.env = make(source.env_id, **source.env_kwargs)
         with source._lock:
             self.seat_filler = source.build(self.env)
@@ -189,25 +181,35 @@ class SimpopEnvironment(Environment[SimpopAction, SimpopObservation, SimpopState
         self.steps += 1
         self.episode_return += reward
         result = self._observation(observation, info, reward, terminated, truncated)
-        if (terminated or truncated) and self.on_episode is not None:
-            self.on_episode(self)
+        if terminated or truncated:
+            self.episode_ended(info)
         return result
+
+    def episode_ended(self, info: dict[str, Any]) -> None:
+        """Called once an episode ends, with the env's last info (co-training records it)."""
 
     # OpenEnv awaits these when a subclass overrides them. Without a model backend (native and act-level
     # simulators) a step takes well under a millisecond: it runs on the event loop, sparing the thread
-    # hand-off OpenEnv's sync path costs (~1-2 ms a step on a loaded CPU). Model-backed simulators run in a
-    # worker thread, so one session's generation never holds up the others.
+    # hand-off of OpenEnv's sync path. Model-backed simulators run in a worker thread, one model call at a
+    # time (sessions share the model, and a LoRA simulator switches its adapter on it), so one session's
+    # generation never holds up the event loop.
     async def reset_async(self, seed: int | None = None, episode_id: str | None = None,
                           **kwargs: Any) -> SimpopObservation:
-        if not self.source.backends:
-            return self.reset(seed=seed, episode_id=episode_id, **kwargs)
-        return await asyncio.to_thread(self.reset, seed=seed, episode_id=episode_id, **kwargs)
+        return await self._run(self.reset, seed=seed, episode_id=episode_id, **kwargs)
 
     async def step_async(self, action: SimpopAction, timeout_s: float | None = None,
                          **kwargs: Any) -> SimpopObservation:
+        return await self._run(self.step, action, timeout_s, **kwargs)
+
+    async def _run(self, method: Callable[..., SimpopObservation], *args: Any, **kwargs: Any) -> SimpopObservation:
         if not self.source.backends:
-            return self.step(action, timeout_s, **kwargs)
-        return await asyncio.to_thread(self.step, action, timeout_s, **kwargs)
+            return method(*args, **kwargs)
+
+        def serialized() -> SimpopObservation:
+            with self.source.model_lock:
+                return method(*args, **kwargs)
+
+        return await asyncio.to_thread(serialized)
 
     @property
     def state(self) -> SimpopState:
@@ -228,6 +230,10 @@ class SimpopEnvironment(Environment[SimpopAction, SimpopObservation, SimpopState
         self.member = member
         return self.seat_filler[member]
 
+    def extra_metadata(self) -> dict[str, Any]:
+        """More ``metadata`` for every observation (co-training adds the simulators' versions)."""
+        return {}
+
     def _observation(self, observation: Any, info: dict[str, Any], reward: float | None, terminated: bool,
                      truncated: bool) -> SimpopObservation:
         seat = self.env.policy_seat
@@ -238,8 +244,7 @@ class SimpopEnvironment(Environment[SimpopAction, SimpopObservation, SimpopState
         metadata = {"env_id": self.source.env_id, "scenario_id": info.get("scenario_id"),
                     "simulator": self.member, "episode_id": self.episode_id, "step": self.steps,
                     "terminated": terminated, "truncated": truncated, "info": info}
-        if self.versions is not None:
-            metadata["simulator_versions"] = self.versions()
+        metadata.update(self.extra_metadata())
         return SimpopObservation(text=text, messages=messages, reply=reply, invalid_action=info.get("invalid_action"),
                                  reward=reward, done=terminated or truncated, metadata=metadata)
 
