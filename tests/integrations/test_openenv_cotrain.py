@@ -79,3 +79,22 @@ def test_cotrain_cli_bad_input_is_one_line_and_exit_2(argv, message, capsys):
     assert main(["openenv", "serve", "--env", ACT, "--port", "0", *argv]) == 2
     err = capsys.readouterr().err.strip()
     assert message in err and len(err.splitlines()) == 1
+
+
+@pytest.mark.slow  # ~10 s: two short training runs and two panel evaluations over loopback
+def test_heldout_example_reports_both_conditions(capsys):
+    import importlib.util
+    from pathlib import Path
+
+    path = Path(__file__).resolve().parents[2] / "examples" / "openenv_cotrain_heldout.py"
+    spec = importlib.util.spec_from_file_location("openenv_cotrain_heldout", path)
+    example = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(example)
+    result = example.main(["--seeds", "1", "--train-episodes", "24", "--eval-episodes", "9",
+                           "--episodes-per-update", "4"])
+    frozen, cotrained = result["rows"]
+    assert (frozen["cotrain"], cotrained["cotrain"]) == (False, True)
+    assert frozen["simulator_moved"] == 0.0 and frozen["simulator_versions"] == {}  # no co-training: no versions
+    assert cotrained["simulator_moved"] > 0 and cotrained["simulator_versions"]["trainable:persuadee"] >= 1
+    assert set(cotrained["heldout_per_member"]) == {"heldout-0-T0.8", "heldout-1-T0.9", "heldout-2-T1.2"}
+    assert result["summary"]["verdict"] == "no detectable difference at this size"  # one seed: no standard error
