@@ -98,3 +98,16 @@ def test_heldout_example_reports_both_conditions(capsys):
     assert cotrained["simulator_moved"] > 0 and cotrained["simulator_versions"]["trainable:persuadee"] >= 1
     assert set(cotrained["heldout_per_member"]) == {"heldout-0-T0.8", "heldout-1-T0.9", "heldout-2-T1.2"}
     assert result["summary"]["verdict"] == "no detectable difference at this size"  # one seed: no standard error
+
+
+def test_persona_objective_trains_the_persona_sampler_the_sessions_draw_from():
+    source = UserSeatSource(ACT, ["trainable:persuadee"])
+    cotrainer = ServerCoTrainer(source, CoTrainConfig(objective="persona", sim_lr=0.5), episodes_per_update=4)
+    master = cotrainer.masters["trainable:persuadee"]
+    theta = master.theta.detach().clone()
+    with make_server(source, port=0, environment=cotrainer.environment).start() as server:
+        play(server.url, 16)
+    cotrainer.close()
+    assert cotrainer.versions["trainable:persuadee"] >= 1
+    assert float(master.persona_logits.detach().abs().max()) > 0  # the sampler moved ...
+    assert torch.equal(master.theta.detach(), theta)  # ... and the reply model did not

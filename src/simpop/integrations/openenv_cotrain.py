@@ -14,8 +14,8 @@ step and objectives (``target``, ``persona``, ``realism``, ``adversarial``, ``di
   its success (``info["success"]``, else return > 0) are queued for the master that played it. Every
   ``episodes_per_update`` on-policy episodes of a master, a background thread takes CoTrainer's simulator
   step on them, publishes the new weights as the next version and writes a checkpoint. Episodes played
-  with an older version than the master's current one are off-policy for its score-function objective:
-  they are dropped and counted (``stale``).
+  with an older version than the master's current one, or that end while it is being updated, are
+  off-policy for its score-function objective: they are dropped and counted (``stale``).
 - **Checkpoints and resume.** ``run_dir/checkpoints`` (:mod:`simpop.checkpoint`): the masters' weights and
   optimiser states, their versions and the update log; ``resume=True`` continues from the newest one.
 """
@@ -102,6 +102,7 @@ class ServerCoTrainer:
         self._lock = threading.Lock()
         self._worker = ThreadPoolExecutor(max_workers=1, thread_name_prefix="simpop-cotrain")
         self._pending: list[Future] = []
+        self._training: set[str] = set()  # simulators with an update under way
         if resume:
             self._resume()
 
@@ -122,7 +123,7 @@ class ServerCoTrainer:
     def record(self, name: str, episode: Any, success: float, version: int) -> None:
         """Queue a finished episode of simulator ``name`` played with ``version``; update when enough are queued."""
         with self._lock:
-            if version != self.versions[name]:
+            if version != self.versions[name] or name in self._training:  # off-policy for the next version
                 self.stale += 1
                 return
             queue = self.queues[name]
@@ -130,6 +131,7 @@ class ServerCoTrainer:
             if len(queue) < self.episodes_per_update:
                 return
             self.queues[name] = []
+            self._training.add(name)
             self._pending = [f for f in self._pending if not f.done()]
             self._pending.append(self._worker.submit(self._update, name, queue, version))
 
@@ -146,6 +148,7 @@ class ServerCoTrainer:
             with self._lock:
                 self.versions[name] = version + 1
                 self.published[name] = _clone(master.state_dict())
+                self._training.discard(name)
                 self.history.append({"simulator": name, "version": version + 1, "episodes": len(queue),
                                      "stale_total": self.stale, **metrics})
             log.info("co-trained %s to version %d on %d episodes: %s", name, version + 1, len(queue),
@@ -153,7 +156,9 @@ class ServerCoTrainer:
             if self.run_dir is not None:
                 checkpoint.save(self.run_dir, sum(self.versions.values()), self.state_dict())
         except Exception:  # a failed update must not take the server down: logged, weights unchanged
-            log.exception("co-training update of %s failed; its weights stay at version %d", name, version)
+            log.exception("co-training update (or checkpoint) of %s from version %d failed", name, version)
+            with self._lock:
+                self._training.discard(name)
 
     def wait(self) -> None:
         """Block until every queued update has finished (tests, shutdown)."""
@@ -197,6 +202,9 @@ class CoTrainedEnvironment(SimpopEnvironment):
         super().__init__(source)
         self.cotrainer = cotrainer
         self.copies: dict[str, Any] = {s.name: s for s in leaf_simulators([self.seat_filler])}  # type: ignore
+        if cotrainer.config.objective == "persona":  # the copies play personas drawn by the trained sampler
+            for copy in self.copies.values():
+                copy.use_persona_sampler()
         self.loaded: dict[str, int] = {}
         self.playing: dict[str, int] = {}
 

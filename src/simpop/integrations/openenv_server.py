@@ -112,9 +112,9 @@ class UserSeatSource:
         self.env_id, self.simulators, self.panel = env_id, tuple(simulators), panel
         self.env_kwargs = dict(env_kwargs or {})
         self.backends = backends if backends is not None else {}
-        self._lock = threading.Lock()  # backends load once even when sessions start together
+        self.build_lock = threading.Lock()  # backends load once even when sessions start together
         self.model_lock = threading.Lock()  # one model call at a time on the shared backends
-        with self._lock:  # fail now (unknown env id or arguments, bad specs or panel), not in the first session
+        with self.build_lock:  # fail now (unknown env id or arguments, bad specs or panel), not in the first session
             self.build(make(env_id, **self.env_kwargs))
 
     def build(self, env: Any) -> Simulator | dict[str, Simulator]:
@@ -144,7 +144,7 @@ class SimpopEnvironment(Environment[SimpopAction, SimpopObservation, SimpopState
         super().__init__()
         self.source = source
         self.env = make(source.env_id, **source.env_kwargs)
-        with source._lock:
+        with source.build_lock:
             self.seat_filler = source.build(self.env)
         self.seat: UserSeat | None = None
         self.member: str | None = None
