@@ -33,28 +33,29 @@ def play(url: str, episodes: int, seed: int = 0) -> list:
 
 def test_server_cotrains_a_population_versions_it_and_resumes(tmp_path):
     source = UserSeatSource(ACT, POPULATION)
-    cotrainer = ServerCoTrainer(source, CoTrainConfig(sim_lr=0.05), episodes_per_update=4, run_dir=tmp_path)
+    cotrainer = ServerCoTrainer(source, CoTrainConfig(sim_lr=0.05), episodes_per_update=6, run_dir=tmp_path)
     base = {name: m.theta.detach().clone() for name, m in cotrainer.masters.items()}
     with make_server(source, port=0, environment=cotrainer.environment).start() as server:
-        resets = play(server.url, 40)
+        resets = play(server.url, 60)
         cotrainer.wait()
+        settled = dict(cotrainer.versions)
         later = play(server.url, 2, seed=1)
     cotrainer.close()
 
-    assert set(cotrainer.versions) == set(POPULATION) and all(v >= 2 for v in cotrainer.versions.values())
+    assert set(cotrainer.versions) == set(POPULATION) and all(v >= 1 for v in cotrainer.versions.values())
     for name, master in cotrainer.masters.items():  # the simulators moved away from their base
         assert float((master.theta - base[name]).abs().max()) > 1e-3
         assert torch.equal(cotrainer.published[name]["theta"], master.theta.detach())
     seen = [r.metadata["simulator_versions"] for r in resets]
     assert seen[0] == dict.fromkeys(POPULATION, 0) and seen == sorted(seen, key=lambda v: sum(v.values()))
-    assert later[-1].metadata["simulator_versions"] == cotrainer.versions  # sessions play the newest weights
+    assert later[0].metadata["simulator_versions"] == settled  # a reset loads the newest weights
     updates = sum(cotrainer.versions.values())
-    assert len(cotrainer.history) == updates and all(h["episodes"] == 4 for h in cotrainer.history)
+    assert len(cotrainer.history) == updates and all(h["episodes"] == 6 for h in cotrainer.history)
     assert {"sim_loss", "sim_kl", "sim_success", "sim_objective"} <= set(cotrainer.history[-1])
     played = sum(h["episodes"] for h in cotrainer.history) + cotrainer.stale
-    assert played + sum(map(len, cotrainer.queues.values())) == 42  # every episode used, queued or counted stale
+    assert played + sum(map(len, cotrainer.queues.values())) == 62  # every episode used, queued or counted stale
 
-    resumed = ServerCoTrainer(source, episodes_per_update=4, run_dir=tmp_path, resume=True)
+    resumed = ServerCoTrainer(source, episodes_per_update=6, run_dir=tmp_path, resume=True)
     assert resumed.versions == cotrainer.versions and resumed.history == cotrainer.history
     for name, master in resumed.masters.items():
         assert torch.equal(master.theta.detach(), cotrainer.masters[name].theta.detach())
@@ -102,11 +103,11 @@ def test_heldout_example_reports_both_conditions(capsys):
 
 def test_persona_objective_trains_the_persona_sampler_the_sessions_draw_from():
     source = UserSeatSource(ACT, ["trainable:persuadee"])
-    cotrainer = ServerCoTrainer(source, CoTrainConfig(objective="persona", sim_lr=0.5), episodes_per_update=4)
+    cotrainer = ServerCoTrainer(source, CoTrainConfig(objective="persona", sim_lr=0.5), episodes_per_update=6)
     master = cotrainer.masters["trainable:persuadee"]
     theta = master.theta.detach().clone()
     with make_server(source, port=0, environment=cotrainer.environment).start() as server:
-        play(server.url, 16)
+        play(server.url, 30)
     cotrainer.close()
     assert cotrainer.versions["trainable:persuadee"] >= 1
     assert float(master.persona_logits.detach().abs().max()) > 0  # the sampler moved ...
