@@ -37,3 +37,30 @@ def test_trl_grpo_trains_through_the_openenv_server_with_user_turns_masked(capsy
         assert log["completions/mean_length"] == pytest.approx(sum(map(sum, batch["env_mask"])) / 2)
         assert log["reward"] == pytest.approx(sum(batch["env_reward"]) / 2)
     assert '"updates": 2' in capsys.readouterr().out
+
+
+def test_the_openenv_route_hands_trl_the_in_process_adapters_tokens():
+    """Same seeds, same dialogues: played over OpenEnv sessions or in process, TRL gets identical ids and masks."""
+    from types import SimpleNamespace
+
+    import simpop
+    from simpop.agents.transformers_backend import TransformersBackend
+    from simpop.envs.persuasion.simulators import native_text
+    from simpop.integrations import openenv_trl
+    from simpop.integrations.openenv_server import UserSeatSource, make_server
+    from simpop.train import trl_adapter
+
+    env, kwargs = "simpop/Persuasion-v1", {"max_turns": 2}
+    backend = TransformersBackend("smollm2", trainable=True)
+    # The two attributes of TRL's trainer a rollout_func reads, at global step 3.
+    trainer = SimpleNamespace(accelerator=SimpleNamespace(unwrap_model=lambda model: model), model=backend.model,
+                              args=SimpleNamespace(temperature=1.0, top_p=1.0), state=SimpleNamespace(global_step=3))
+    ids = simpop.make(env, **kwargs).scenario_ids()[:2]
+    prompts = [ids[0], ids[0], ids[1], ids[1]]
+    local = trl_adapter.make_rollout_func(env, native_text(simpop.make(env, **kwargs)), backend, env_kwargs=kwargs,
+                                          max_new_tokens=6, seed=5)(prompts, trainer)
+    with make_server(UserSeatSource(env, ["persuadee"], env_kwargs=kwargs), port=0).start() as server:
+        remote = openenv_trl.make_rollout_func(server.url, backend, max_new_tokens=6, seed=5)(prompts, trainer)
+    for key in ("prompt_ids", "completion_ids", "env_mask", "logprobs", "env_reward", "success"):
+        assert remote[key] == local[key], key
+    assert any(0 in mask for mask in remote["env_mask"])

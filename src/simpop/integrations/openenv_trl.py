@@ -64,7 +64,7 @@ def make_rollout_func(base_url: str, backend: TransformersBackend, max_new_token
         was_training = backend.model.training
         backend.model.eval()
         try:
-            results = [env.reset(seed=int(np.random.SeedSequence([seed, step, i]).generate_state(1)[0] >> 1),
+            results = [env.reset(seed=int(np.random.SeedSequence([seed, step, i]).generate_state(1)[0]),
                                scenario_id=scenario_id_of(p)) for i, (env, p) in enumerate(zip(sessions, prompts))]
             ledgers = [TokenLedger() for _ in prompts]
             returns = [0.0] * len(prompts)
