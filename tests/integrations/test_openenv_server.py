@@ -133,7 +133,7 @@ def test_unknown_session_and_reset_arguments_get_clear_errors(act_server):
 
 @pytest.mark.filterwarnings("ignore:Pydantic serializer warnings")  # the client sends the wrong type on purpose
 def test_wrong_action_types_get_4xx_and_the_session_survives(act_server):
-    for bad in ({"message": [1, 2]}, {"message": 1.5}, {"text": "hi"}, {}):
+    for bad in ({"message": [1, 2]}, {"message": 1.5}, {"text": "hi"}, {}, {"token_ids": ["a"]}, {"message": None}):
         response = httpx.post(act_server.url + "/step", json={"action": bad})
         assert response.status_code == 422, bad
     response = httpx.post(act_server.url + "/step", json={"action": {"message": 3}})
@@ -144,6 +144,9 @@ def test_wrong_action_types_get_4xx_and_the_session_survives(act_server):
         with pytest.raises(RuntimeError, match="VALIDATION_ERROR|Invalid message|validation"):
             env.step(SimpopAction.model_construct(message=[1, 2]))
         assert env.step(1).observation.invalid_action is None
+        with pytest.raises(RuntimeError, match="token_ids need a text env, a server started with a tokenizer"):
+            env.step(SimpopAction(token_ids=[1, 2]))
+        assert env.step(2).observation.token_ids is None
 
 
 def test_oversized_bodies_are_refused_unread(act_server):

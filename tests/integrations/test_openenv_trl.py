@@ -64,3 +64,33 @@ def test_the_openenv_route_hands_trl_the_in_process_adapters_tokens():
     for key in ("prompt_ids", "completion_ids", "env_mask", "logprobs", "env_reward", "success"):
         assert remote[key] == local[key], key
     assert any(0 in mask for mask in remote["env_mask"])
+
+
+def test_a_server_tokenizer_gives_token_in_token_out_sessions():
+    """Clients that send their generated ids get back exactly what to append: the client-side ledger's tokens."""
+    import json
+
+    from simpop.agents.base import SamplingParams
+    from simpop.agents.transformers_backend import TransformersBackend
+    from simpop.integrations.openenv_client import SimpopEnvClient
+    from simpop.integrations.openenv_server import SimpopAction, UserSeatSource, make_server
+    from simpop.rollout import ChatDelta, TokenLedger
+
+    backend = TransformersBackend("smollm2")
+    source = UserSeatSource("simpop/Persuasion-v1", ["persuadee"], env_kwargs={"max_turns": 2}, tokenizer=backend)
+    delta, ledger = ChatDelta(backend), TokenLedger()
+    greedy = SamplingParams(max_new_tokens=6, temperature=0.0, logprobs=True)
+    with make_server(source, port=0).start() as server, SimpopEnvClient(base_url=server.url).sync() as env:
+        result, context, turns = env.reset(seed=11), [], 0
+        while not result.done:
+            expected = ledger.extend(delta, json.loads(result.observation.text), lambda v: v.get("instructions"))
+            context += result.observation.token_ids
+            assert context == expected
+            generation = backend.generate_ids([context], greedy)[0]
+            ledger.add_generation(generation)
+            context += generation.token_ids
+            result = env.step(SimpopAction(token_ids=generation.token_ids))
+            turns += 1
+            said = [m["content"] for m in result.observation.messages if m["role"] == "assistant"][-1]
+            assert said == backend.tokenizer.decode(generation.token_ids, skip_special_tokens=True)
+    assert turns >= 1 and len(context) > ledger.prompt_length

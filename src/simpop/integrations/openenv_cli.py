@@ -26,6 +26,8 @@ def configure(parser: argparse.ArgumentParser) -> None:
                       help="simulator spec for the user seat; repeat for a uniform population")
     seat.add_argument("--panel", metavar="NAME", help="a named held-out panel (evaluation sessions)")
     serve.add_argument("--env-arg", action="append", default=[], metavar="KEY=VALUE", help="env constructor argument")
+    serve.add_argument("--tokenizer", metavar="MODEL", help="the policy's model: its chat template turns observations "
+                       "into token ids for clients that send theirs (text envs)")
     serve.add_argument("--host", default="127.0.0.1")
     serve.add_argument("--port", type=int, default=8000)
     serve.add_argument("--api-key", help="require 'Authorization: Bearer KEY' on every request and WebSocket")
@@ -60,7 +62,13 @@ def run(args: argparse.Namespace) -> int:
         limits = ServerLimits(max_sessions=args.max_sessions, max_pending=args.max_pending,
                               max_body_bytes=args.max_body_bytes, read_timeout_s=args.read_timeout,
                               session_idle_s=args.session_idle_timeout)
-        source = UserSeatSource(args.env, args.simulator or (), args.panel, parse_env_args(args.env_arg))
+        tokenizer = None
+        if args.tokenizer:
+            from simpop.agents import load_backend
+
+            tokenizer = load_backend(args.tokenizer)
+        source = UserSeatSource(args.env, args.simulator or (), args.panel, parse_env_args(args.env_arg),
+                                tokenizer=tokenizer)
         cotrainer = _cotrainer(args, source)
         server = make_server(source, args.host, args.port, limits=limits, api_key=args.api_key,
                              log_requests=args.log_requests,

@@ -26,8 +26,14 @@ seat only and never sees the simulator's turns except as the user's replies.
   sessions reaped after ``session_idle_s``. Bad requests get a 4xx (or OpenEnv's error frame on a
   WebSocket) and the server keeps serving.
 
-Token ids stay on the client: only it knows its tokenizer, so :mod:`simpop.integrations.openenv_trl` builds
-the policy's token ids from ``messages`` with simpop's token-in/token-out bookkeeping.
+- **Token ids**, for text envs on a server started with a tokenizer (``--tokenizer MODEL``, the policy's
+  model): ``reset`` returns the policy's first prompt as ``token_ids`` (system prompt = the env's
+  instructions); a step that sends the ids the policy generated (``SimpopAction.token_ids``; the message
+  defaults to their decoding) gets back ``token_ids``: what to append to the policy's context before it
+  generates again (the turn's closing template tokens, the user's reply, the generation prompt), built by
+  simpop's token-in/token-out bookkeeping (:class:`~simpop.rollout.TokenLedger`), so the policy's own tokens
+  are never re-tokenised. A text-only step ends the token view for that episode. Without a server tokenizer,
+  clients build token ids themselves from ``messages`` (:mod:`simpop.integrations.openenv_trl` does).
 """
 
 from __future__ import annotations
@@ -45,25 +51,38 @@ from dataclasses import dataclass, field
 from typing import Any
 
 import uvicorn
-from pydantic import Field, StrictInt, StrictStr
+from pydantic import Field, StrictInt, StrictStr, model_validator
+from pydantic_core import PydanticCustomError
 
 try:
     from openenv.core.env_server import Action, ConcurrencyConfig, Environment, Observation, State, create_app
 except ImportError as error:  # pragma: no cover - exercised only without the extra
     raise ImportError("the OpenEnv server needs the openenv package: pip install simpop[openenv]") from error
 
+from simpop.agents.base import Generation
 from simpop.agents.serve_http import HeadTimeoutProtocol, RequestGate, error_body
 from simpop.envs.registration import make
 from simpop.envs.wrappers import UserSeat
+from simpop.envs.dialogue import parse_observation
 from simpop.evaluation.panel import json_safe
+from simpop.rollout import ChatDelta, TokenLedger
 from simpop.seat import Simulator
 
 
 # ================================================================================ wire types
 class SimpopAction(Action):
-    """The policy seat's action: text for text envs, an act index for act-level envs."""
+    """The policy seat's action: text for text envs, an act index for act-level envs; with a server tokenizer,
+    the token ids the policy generated (the message, if not given, is their decoding)."""
 
-    message: StrictStr | StrictInt = Field(description="text (text envs) or an act index (act-level envs)")
+    message: StrictStr | StrictInt | None = Field(default=None,
+                                                  description="text (text envs) or an act index (act-level envs)")
+    token_ids: list[StrictInt] | None = Field(default=None, description="the policy's generated token ids")
+
+    @model_validator(mode="after")
+    def _something(self) -> SimpopAction:
+        if self.message is None and self.token_ids is None:  # a custom error: its details serialise into a 422
+            raise PydanticCustomError("missing_action", "an action needs a message (text or act index) or token_ids")
+        return self
 
 
 class SimpopObservation(Observation):
@@ -74,6 +93,8 @@ class SimpopObservation(Observation):
                                            description="the chat so far; the policy's turns are 'assistant'")
     reply: str | None = Field(default=None, description="the user's latest message, if any")
     invalid_action: str | None = Field(default=None, description="why the env rejected the last action")
+    token_ids: list[int] | None = Field(default=None, description="with a server tokenizer, when the client sends "
+                                        "token ids: the tokens to append to the policy's context (mask 0)")
 
 
 class SimpopState(State):
@@ -103,15 +124,22 @@ class UserSeatSource:
         panel: A named held-out panel instead (:func:`simpop.evaluation.panels.load_named_panel`).
         env_kwargs: Env constructor arguments.
         backends: Model -> backend cache shared by every session's simulators (an LLM loads once).
+        tokenizer: A token backend (``encode_chat``, ``tokenizer``) whose chat template renders token ids for
+            clients that send theirs (text envs; see :class:`SimpopObservation`).
     """
 
     def __init__(self, env_id: str, simulators: Sequence[str] = (), panel: str | None = None,
-                 env_kwargs: dict[str, Any] | None = None, backends: MutableMapping[str, Any] | None = None):
+                 env_kwargs: dict[str, Any] | None = None, backends: MutableMapping[str, Any] | None = None,
+                 tokenizer: Any = None):
         if (panel is None) == (not simulators):
             raise ValueError("give simulator specs or a panel, not both or neither")
         self.env_id, self.simulators, self.panel = env_id, tuple(simulators), panel
         self.env_kwargs = dict(env_kwargs or {})
         self.backends = backends if backends is not None else {}
+        if tokenizer is not None and not hasattr(tokenizer, "tokenizer"):
+            raise ValueError(f"the server tokenizer must be a token backend with a tokenizer (e.g. load_backend("
+                             f"'smollm2')), got {type(tokenizer).__name__}")
+        self.chat_delta = None if tokenizer is None else ChatDelta(tokenizer)
         self.build_lock = threading.Lock()  # backends load once even when sessions start together
         self.model_lock = threading.Lock()  # one model call at a time on the shared backends
         with self.build_lock:  # fail now (unknown env id or arguments, bad specs or panel), not in the first session
@@ -151,6 +179,7 @@ class SimpopEnvironment(Environment[SimpopAction, SimpopObservation, SimpopState
         self.episode_id: str | None = None
         self.steps = 0
         self.episode_return = 0.0
+        self.ledger: TokenLedger | None = None
 
     def reset(self, seed: int | None = None, episode_id: str | None = None, scenario_id: str | None = None,
               member: str | None = None, **kwargs: Any) -> SimpopObservation:
@@ -171,19 +200,43 @@ class SimpopEnvironment(Environment[SimpopAction, SimpopObservation, SimpopState
             self.member = simulator.member(0).name
         self.episode_id = episode_id or str(uuid.uuid4())
         self.steps, self.episode_return = 0, 0.0
-        return self._observation(observation, info, None, False, False)
+        result = self._observation(observation, info, None, False, False)
+        if self.source.chat_delta is not None and isinstance(observation, str):
+            self.ledger = TokenLedger()
+            result.token_ids = self._new_tokens(observation)
+        return result
 
     def step(self, action: SimpopAction, timeout_s: float | None = None, **kwargs: Any) -> SimpopObservation:
         if self.seat is None or self.env.done:
             raise NoEpisode("no episode is running in this session: reset first (OpenEnv's HTTP /step is "
                             "stateless; play episodes over the WebSocket session, e.g. SimpopEnvClient)")
-        observation, reward, terminated, truncated, info = self.seat.step(action.message)
+        message = action.message
+        if action.token_ids is not None:
+            if self.ledger is None or self.source.chat_delta is None:
+                raise BadRequest("token_ids need a text env, a server started with a tokenizer (--tokenizer) and "
+                                 "token ids on every step of the episode")
+            if message is None:
+                message = self.source.chat_delta.backend.tokenizer.decode(action.token_ids, skip_special_tokens=True)
+            self.ledger.add_generation(Generation(message, list(action.token_ids),
+                                                  logprobs=[0.0] * len(action.token_ids)))
+        else:
+            self.ledger = None  # a text-only step: the token view of this episode ends
+        observation, reward, terminated, truncated, info = self.seat.step(message)
         self.steps += 1
         self.episode_return += reward
         result = self._observation(observation, info, reward, terminated, truncated)
+        if self.ledger is not None and not (terminated or truncated):
+            result.token_ids = self._new_tokens(observation)
         if terminated or truncated:
             self.episode_ended(info)
         return result
+
+    def _new_tokens(self, observation: str) -> list[int]:
+        """The tokens the policy has not seen of ``observation`` (its first prompt after a reset)."""
+        assert self.ledger is not None and self.source.chat_delta is not None
+        before = len(self.ledger.ids)
+        self.ledger.extend(self.source.chat_delta, parse_observation(observation), lambda v: v.get("instructions"))
+        return self.ledger.ids[before:]
 
     def episode_ended(self, info: dict[str, Any]) -> None:
         """Called once an episode ends, with the env's last info (co-training records it)."""
