@@ -21,6 +21,7 @@ COMMANDS: dict[str, tuple[str, str]] = {
     "audit": ("simpop.evaluation.audit", "measure how diverse simulators' replies are on fixed P4G histories"),
     "eval": ("simpop.evaluation.eval_cli", "benchmark a policy on held-out simulator panels"),
     "study": ("simpop.study.cli", "run a blinded human study of policies in the browser, and report it"),
+    "openenv": ("simpop.integrations.openenv_cli", "serve any env as an OpenEnv environment (TRL trains through it)"),
 }
 
 

@@ -217,6 +217,33 @@ class TokenLedger:
         self.mask.extend([1] * len(generation.token_ids))
         self.replied = True
 
+    def extend(self, delta: ChatDelta, view: dict[str, Any],
+               system_prompt: Callable[[dict[str, Any]], str | None]) -> list[int]:
+        """Append what the policy has not seen of its observation ``view`` (a parsed text observation) and
+        return the whole prompt; ``system_prompt(view)`` opens the first one."""
+        messages = view["messages"]
+        # The policy's last reply is already in the ledger exactly as generated: if the env accepted
+        # it (no error), it is the first new message. Everything after it is new context, assistant
+        # messages the env wrote for this seat (a greeting, pre-filled history) included.
+        start = self.consumed
+        if self.replied and not view.get("error") and start < len(messages) \
+                and messages[start]["role"] == "assistant":
+            start += 1
+        self.replied = False
+        new: Chat = [{"role": m["role"], "content": m["content"]} for m in messages[start:]]
+        if view.get("error"):
+            new.append({"role": "user", "content": f"(Your last message was not accepted: {view['error']})"})
+        self.consumed = len(messages)
+        if not self.ids:
+            system = system_prompt(view)
+            chat: Chat = ([{"role": "system", "content": system}] if system else []) + new
+            self.add_context(delta.first_prompt(chat))
+            self.prompt_length = len(self.ids)
+        else:
+            generated = self.ids[len(self.ids) - _trailing_ones(self.mask):]
+            self.add_context(delta.close_reply(generated) + delta.messages(new))
+        return list(self.ids)
+
 
 @dataclass
 class _Dialogue:
@@ -387,31 +414,9 @@ class RolloutEngine:
 
     def _extend_prompt(self, d: _Dialogue) -> list[int]:
         """Append the tokens the policy has not seen yet to its ledger and return the full prompt."""
-        ledger, delta = d.ledger, self._delta
-        assert ledger is not None and delta is not None
+        assert d.ledger is not None and self._delta is not None
         view = parse_observation(d.observations[d.env.policy_seat])
-        messages = view["messages"]
-        # The policy's last reply is already in the ledger exactly as generated: if the env accepted
-        # it (no error), it is the first new message. Everything after it is new context, assistant
-        # messages the env wrote for this seat (a greeting, pre-filled history) included.
-        start = ledger.consumed
-        if ledger.replied and not view.get("error") and start < len(messages) \
-                and messages[start]["role"] == "assistant":
-            start += 1
-        ledger.replied = False
-        new: Chat = [{"role": m["role"], "content": m["content"]} for m in messages[start:]]
-        if view.get("error"):
-            new.append({"role": "user", "content": f"(Your last message was not accepted: {view['error']})"})
-        ledger.consumed = len(messages)
-        if not ledger.ids:
-            system = self.policy.system_prompt(view)  # type: ignore[union-attr]
-            chat: Chat = ([{"role": "system", "content": system}] if system else []) + new
-            ledger.add_context(delta.first_prompt(chat))
-            ledger.prompt_length = len(ledger.ids)
-        else:
-            generated = ledger.ids[len(ledger.ids) - _trailing_ones(ledger.mask):]
-            ledger.add_context(delta.close_reply(generated) + delta.messages(new))
-        return list(ledger.ids)
+        return d.ledger.extend(self._delta, view, self.policy.system_prompt)  # type: ignore[union-attr]
 
     def _step(self, d: _Dialogue, action: Any) -> bool:
         """Apply the acting seat's action; return True if the dialogue just ended."""

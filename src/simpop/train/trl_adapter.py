@@ -85,7 +85,7 @@ def make_rollout_func(env_id: str, simulator: Simulator, backend: TransformersBa
         engine = RolloutEngine(env_id, _TrainerPolicy(backend, sampling, system_prompt), simulator,
                                n_envs=n_envs, env_kwargs=env_kwargs)
         step = int(trainer.state.global_step)
-        scenario_ids = [_scenario_id(p) for p in prompts]
+        scenario_ids = [scenario_id_of(p) for p in prompts]
         # TRL repeats each prompt num_generations times in a row: consecutive equal ids form a group.
         groups = np.cumsum([i == 0 or s != scenario_ids[i - 1] for i, s in enumerate(scenario_ids)]) - 1
         jobs = [Job(s, int(g), int(np.random.SeedSequence([seed, step, i]).generate_state(1)[0]))
@@ -128,8 +128,8 @@ def scenario_dataset(env_id: str, n: int | None = None, env_kwargs: dict[str, An
     return Dataset.from_dict({"prompt": ids})
 
 
-def _scenario_id(prompt: Any) -> str:
-    """Prompts are scenario ids (strings), or chats whose last message holds one."""
+def scenario_id_of(prompt: Any) -> str:
+    """The scenario id of a TRL prompt: prompts are scenario ids (strings), or chats whose last message holds one."""
     if isinstance(prompt, str):
         return prompt
     if isinstance(prompt, list) and prompt and isinstance(prompt[-1], dict):

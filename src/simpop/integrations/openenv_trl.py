@@ -1,0 +1,95 @@
+"""TRL's ``GRPOTrainer`` training through a simpop OpenEnv server (TRL's ``rollout_func`` route for OpenEnv).
+
+TRL documents two ways to train against OpenEnv environments: ``environment_factory`` (the model acts
+through tool calls) and ``rollout_func`` (the rollout is the user's code, on token ids). A simpop dialogue
+is plain chat, not tool calls, and the user's turns must stay out of the loss, so this module takes the
+``rollout_func`` route: :func:`make_rollout_func` plays each dialogue in its own session of a ``simpop
+openenv serve`` server (:class:`~simpop.integrations.openenv_client.SimpopEnvClient`), where the server's
+simulator population plays the user, and hands TRL, per dialogue, what
+:func:`simpop.train.trl_adapter.make_rollout_func` hands it in process: ``prompt_ids``, ``completion_ids``
+(every policy turn and the template and user tokens between), ``env_mask`` (1 only on tokens the policy
+generated: TRL's loss skips the user's turns), ``logprobs``, and ``env_reward`` / ``success`` / ``simulator``
+for reward functions (:func:`~simpop.train.trl_adapter.env_reward`). Token ids are built on the client
+from the observation's chat with simpop's token-in/token-out bookkeeping (:class:`~simpop.rollout.TokenLedger`).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+from collections.abc import Callable
+from typing import TYPE_CHECKING, Any
+
+import numpy as np
+
+from simpop.agents.base import SamplingParams
+from simpop.integrations.openenv_client import SimpopEnvClient
+from simpop.rollout import ChatDelta, TokenLedger
+from simpop.train.trl_adapter import scenario_id_of
+
+if TYPE_CHECKING:
+    from simpop.agents.transformers_backend import TransformersBackend
+
+
+def make_rollout_func(base_url: str, backend: TransformersBackend, max_new_tokens: int = 48,
+                      system_prompt: str | None = None, seed: int = 0,
+                      client_kwargs: dict[str, Any] | None = None) -> Callable[[list[Any], Any], dict[str, list]]:
+    """A TRL ``rollout_func`` that plays every prompt's dialogue on the OpenEnv server at ``base_url``.
+
+    Args:
+        base_url: The server (``simpop openenv serve``), e.g. ``http://127.0.0.1:8000``.
+        backend: Chat template and generation; its ``model`` is pointed at the trainer's current model
+            before every rollout, so pass the same model to TRL's trainer.
+        max_new_tokens: Token limit of each policy turn.
+        system_prompt: A fixed system message for the policy (default: the env's instructions).
+        seed: Base seed; each call's dialogues get reset seeds from it and TRL's global step.
+        client_kwargs: Extra :class:`SimpopEnvClient` arguments (``headers`` for an API key, timeouts).
+
+    Returns:
+        ``rollout_func(prompts, trainer) -> dict`` for ``trl.GRPOTrainer(rollout_func=...)``; prompts are
+        scenario ids (:func:`simpop.train.trl_adapter.scenario_dataset`).
+    """
+    delta = ChatDelta(backend)
+
+    def policy_system_prompt(view: dict[str, Any]) -> str | None:
+        return system_prompt if system_prompt is not None else view.get("instructions")
+
+    def rollout_func(prompts: list[Any], trainer: Any) -> dict[str, list]:
+        backend.model = trainer.accelerator.unwrap_model(trainer.model)
+        args, step = trainer.args, int(trainer.state.global_step)
+        sampling = SamplingParams(max_new_tokens=max_new_tokens, temperature=args.temperature,
+                                  top_p=args.top_p if args.top_p is not None else 1.0, logprobs=True)
+        rng = np.random.default_rng([seed, step])
+        sessions = [SimpopEnvClient(base_url=base_url, **(client_kwargs or {})).sync() for _ in prompts]
+        was_training = backend.model.training
+        backend.model.eval()
+        try:
+            results = [env.reset(seed=int(np.random.SeedSequence([seed, step, i]).generate_state(1)[0]),
+                               scenario_id=scenario_id_of(p)) for i, (env, p) in enumerate(zip(sessions, prompts))]
+            ledgers = [TokenLedger() for _ in prompts]
+            returns = [0.0] * len(prompts)
+            while live := [i for i, r in enumerate(results) if not r.done]:
+                batch = [ledgers[i].extend(delta, json.loads(results[i].observation.text), policy_system_prompt)
+                         for i in live]
+                params = dataclasses.replace(sampling, seed=int(rng.integers(2**31)))
+                for i, generation in zip(live, backend.generate_ids(batch, params)):
+                    ledgers[i].add_generation(generation)
+                    results[i] = sessions[i].step(generation.text)
+                    returns[i] += float(results[i].reward or 0.0)
+        finally:
+            backend.model.train(was_training)
+            for env in sessions:
+                env.close()
+        infos = [r.metadata.get("info", {}) for r in results]
+        return {
+            "prompt_ids": [lg.ids[:lg.prompt_length] for lg in ledgers],
+            "completion_ids": [lg.ids[lg.prompt_length:] for lg in ledgers],
+            "logprobs": [lg.logprobs[lg.prompt_length:] for lg in ledgers],
+            "env_mask": [lg.mask[lg.prompt_length:] for lg in ledgers],
+            "env_reward": returns,
+            "success": [float(info["success"]) if "success" in info else float(g > 0)
+                        for info, g in zip(infos, returns)],
+            "simulator": [str(r.metadata.get("simulator")) for r in results],
+        }
+
+    return rollout_func
