@@ -64,7 +64,7 @@ def test_run_folder_cotrain_nesting_and_refusals(tmp_path):
     (run / "run.json").write_text(json.dumps({"trainer": "ppo", "env": ENV}))
     with pytest.raises(PolicySpecError, match="PPO run"):
         load_policy(f"run:{run}", env)
-    with pytest.raises(PolicySpecError, match="not a simpop train run folder"):
+    with pytest.raises(PolicySpecError, match="not a simpop run folder"):
         load_policy(f"run:{tmp_path / 'nothing'}", env)
     wrong = tmp_path / "wrong"
     wrong.mkdir()

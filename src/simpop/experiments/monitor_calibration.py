@@ -85,12 +85,13 @@ def run_one(config: MonitorCalibrationConfig, condition: str, seed: int, out: st
     from simpop.train.monitor import CollapseMonitor
 
     run_dir = Path(out) / "runs" / condition / f"seed{seed}"
+    cc = collapse.CollapseConfig(level="act", seeds=1, updates=config.updates, eval_every=config.eval_every,
+                                 eval_episodes=config.eval_episodes, workers=1, threads=1)
+    collapse.write_card(run_dir, cc, condition, seed, experiment="monitor")
     if finished(run_dir, config):
         return outcome(run_dir, condition, seed)
     torch.set_num_threads(1)
     torch.manual_seed(seed)
-    cc = collapse.CollapseConfig(level="act", seeds=1, updates=config.updates, eval_every=config.eval_every,
-                                 eval_episodes=config.eval_episodes, workers=1, threads=1)
     env = make(cc.env_id, **cc.env_kwargs())
     trainer = collapse.build_trainer(condition, cc, seed, env)
     heldout = collapse.build_panel(cc, env)

@@ -8,6 +8,8 @@ call it. A run folder holds::
     metrics.jsonl       one line per update ({"step", "kind": "train", ...}) and per evaluation ("kind": "eval")
     tb/                 TensorBoard scalars of the same (when TensorBoard is installed and enabled)
     checkpoints/        atomic step_<k>.pt files, the newest ``keep_checkpoints`` kept
+    config.yaml         the policy's ``model`` and ``grpo`` sections, and run.json (trainer, env): what
+    run.json            ``simpop eval --policy run:DIR`` rebuilds the policy from (:func:`write_run_card`)
 
 With ``evaluate``, the policy is evaluated before the first update (step 0, checkpointed so that a resumed
 run does not repeat it), every ``eval_every`` updates and after the last. A killed run resumed from its
@@ -107,6 +109,27 @@ Probe = Callable[[int], dict[str, float]]
 #: ``grow(step, warning_record) -> record``: what ``on_collapse="add-simulators"`` calls (what it added, logged).
 Grow = Callable[[int, dict[str, Any]], dict[str, Any]]
 _MONITOR_KEY = "collapse_monitor"
+
+
+def write_run_card(run_dir: str | Path, info: dict[str, Any], model: Any, grpo: Any) -> None:
+    """Write a run folder's ``config.yaml`` (``model`` and ``grpo`` sections) and ``run.json`` (``info``: trainer,
+    env, ...), as ``simpop train`` does, for run folders the experiments train: ``simpop eval --policy run:DIR``
+    rebuilds the policy from them. The experiments write it on every start and resume (so a resume fills in a
+    folder trained before it existed)."""
+    import json
+
+    import yaml
+
+    from simpop.train.config import to_dict
+
+    run_dir = Path(run_dir)
+    run_dir.mkdir(parents=True, exist_ok=True)
+    for name, text in (("config.yaml", yaml.safe_dump({"model": to_dict(model), "grpo": to_dict(grpo)},
+                                                      sort_keys=False)),
+                       ("run.json", json.dumps(info, indent=2) + "\n")):
+        tmp = run_dir / f".{name}.tmp"
+        tmp.write_text(text)
+        tmp.replace(run_dir / name)
 
 
 def run(trainer: Trainer, updates: int, run_dir: str | Path | None = None, *, config: LoopConfig | None = None,
