@@ -11,7 +11,8 @@
 ``vllm:PATH``                      a vLLM server launched on a model folder (or embedded name) for this run
 ``hf:PATH``, ``transformers:PATH`` a local HF model folder, in process (:class:`TextPolicy`)
 ``smollm2`` (an embedded name)     an embedded model, in process (:class:`TextPolicy`)
-``run:DIR[@STEP]``                 a ``simpop train`` run folder: the policy its ``config.yaml`` describes with the
+``run:DIR[@STEP]``                 a run folder (``simpop train``, or one run of ``simpop experiment collapse``,
+                                   ``adaptive`` or ``monitor``): the policy its ``config.yaml`` describes with the
                                    newest checkpoint's weights (or step ``STEP``'s)
 ``reference``                      the benchmark's reference agent: P4G (act and text) a persuader playing
                                    :func:`~simpop.envs.persuasion.model.reference_persuader`'s act sequences; τ²
