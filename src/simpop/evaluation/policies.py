@@ -16,7 +16,9 @@
                                    newest checkpoint's weights (or step ``STEP``'s)
 ``reference``                      the benchmark's reference agent: P4G (act and text) a persuader playing
                                    :func:`~simpop.envs.persuasion.model.reference_persuader`'s act sequences; τ²
-                                   :class:`~simpop.envs.tau2.simulators.GoldAgent` (the task's gold actions);
+                                   :class:`~simpop.envs.tau2.simulators.GoldAgent` (the task's gold actions; it
+                                   cannot solve the tasks that
+                                   :func:`~simpop.envs.tau2.simulators.gold_unreachable` names);
                                    CooperBench a :class:`~simpop.envs.cooperbench.simulators.ScriptedTeammate`
                                    writing the policy seat's gold patch
 ``module:attr``                    any importable object with ``act_batch(observations, rng)`` (or a zero-argument
