@@ -57,6 +57,7 @@ import numpy as np
 
 from simpop.rollout import Job, RolloutEngine, RolloutStats, Trajectory, plan_waves
 from simpop.seat import Simulator, Trainable
+from simpop.validation import check_fields
 
 logger = logging.getLogger(__name__)
 
@@ -85,6 +86,7 @@ class RayConfig:
     ray_worker_cpus: float = 1.0
 
     def __post_init__(self) -> None:
+        check_fields(self)
         if self.ray_workers < 1:
             raise ValueError(f"RayConfig: ray_workers must be >= 1, got {self.ray_workers}")
         if not 0 < self.ray_worker_cpus <= 1024:

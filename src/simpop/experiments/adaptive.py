@@ -44,6 +44,7 @@ import numpy as np
 from simpop.train.cotrain import CoTrainConfig
 from simpop.train.grpo import GRPOConfig
 from simpop.train.pool import PoolConfig
+from simpop.validation import check_fields
 
 CONDITIONS = ("fixed", "failure", "failure-keep-base", "population")
 #: Run by default (failure-keep-base was added after the first results; see the module docstring).
@@ -96,6 +97,7 @@ class AdaptiveConfig:
     threads: int = 1
 
     def __post_init__(self) -> None:
+        check_fields(self)
         from simpop.experiments.collapse import default_cotrain, default_grpo
         from simpop.train.config import nested
 

@@ -80,6 +80,7 @@ from simpop.agents.policy import ModelConfig
 from simpop.train.cotrain import CoTrainConfig
 from simpop.train.config import changed_settings, to_dict
 from simpop.train.grpo import GRPOConfig
+from simpop.validation import check_fields
 
 CONDITIONS = ("frozen", "verbalized", "cotrain", "population")
 #: Conditions that co-train simulators; ``cotrain+<objective>`` runs one with another objective (an ablation).
@@ -201,6 +202,7 @@ class CollapseConfig:
     threads: int | None = None
 
     def __post_init__(self) -> None:
+        check_fields(self)
         from simpop.train.config import nested
 
         def need(ok: bool, message: str) -> None:

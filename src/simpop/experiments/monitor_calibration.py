@@ -31,6 +31,8 @@ from typing import Any
 
 import numpy as np
 
+from simpop.validation import check_fields
+
 CONDITIONS = ("frozen", "verbalized", "cotrain")
 
 
@@ -61,6 +63,7 @@ class MonitorCalibrationConfig:
     workers: int = 2
 
     def __post_init__(self) -> None:
+        check_fields(self)
         if not self.conditions or set(self.conditions) - set(CONDITIONS):
             raise ValueError(f"MonitorCalibrationConfig: conditions must be from {', '.join(CONDITIONS)}")
         for key in ("seeds", "updates", "eval_every", "eval_episodes", "probe_every", "probe_episodes", "workers"):

@@ -46,6 +46,7 @@ from simpop.agents.policy import ActPolicy, LLMPolicy
 from simpop.rollout import RolloutEngine, RolloutStats, Trajectory
 from simpop.seat import Simulator
 from simpop.train import objectives
+from simpop.validation import check_fields
 
 
 # =================================================================================== configuration
@@ -107,6 +108,7 @@ class GRPOConfig:
     tis_cap: float = 2.0
 
     def __post_init__(self) -> None:
+        check_fields(self)
         def need(ok: bool, message: str) -> None:
             if not ok:
                 raise ValueError(f"GRPOConfig: {message}")

@@ -31,6 +31,7 @@ from pathlib import Path
 from typing import Any, Protocol, runtime_checkable
 
 from simpop import checkpoint
+from simpop.validation import check_fields
 
 
 @runtime_checkable
@@ -92,6 +93,7 @@ class LoopConfig:
     on_collapse: str = "warn"
 
     def __post_init__(self) -> None:
+        check_fields(self)
         from simpop.train.monitor import ON_COLLAPSE
 
         for key in ("save_every", "keep_checkpoints", "eval_every", "probe_every", "probe_episodes"):

@@ -41,6 +41,7 @@ import torch
 from torch import nn
 
 from simpop.seat import Simulator
+from simpop.validation import check_fields
 
 
 @dataclass(frozen=True)
@@ -78,6 +79,7 @@ class PPOConfig:
     seed: int = 0
 
     def __post_init__(self) -> None:
+        check_fields(self)
         def need(ok: bool, message: str) -> None:
             if not ok:
                 raise ValueError(f"PPOConfig: {message}")

@@ -68,6 +68,8 @@ import uuid
 from dataclasses import dataclass
 from pathlib import Path
 
+from simpop.validation import check_fields
+
 #: Environment variable that tags every process of one run (the fallback child-killing mechanism).
 MARKER_VAR = "SIMPOP_SANDBOX_RUN"
 
@@ -299,6 +301,7 @@ class Limits:
     network: bool = False
 
     def __post_init__(self) -> None:
+        check_fields(self)
         if self.timeout_s <= 0:
             raise ValueError(f"timeout_s must be > 0, got {self.timeout_s}")
         if self.max_output_bytes < 1024:
