@@ -62,7 +62,7 @@ def _strict(hint: Any) -> Any:
     if origin in (list, set, frozenset):
         return origin[_strict(args[0])] if args else origin
     if origin is dict:
-        return dict[_strict(args[0]), _strict(args[1])] if args else dict
+        return dict[_strict(args[0]), _strict(args[1])] if args else dict  # type: ignore[misc]  # built at run time
     if origin is not None:
         return hint
     if hint is bool:
@@ -78,7 +78,7 @@ def _strict(hint: Any) -> Any:
     if dataclasses.is_dataclass(hint):
         return Any  # a nested config: its own class checks it
     if isinstance(hint, type):
-        return InstanceOf[hint]
+        return InstanceOf[hint]  # type: ignore[misc]  # built at run time
     return hint
 
 
@@ -138,7 +138,7 @@ def check(owner: str, name: str, hint: Any, value: Any, noun: str = "") -> Any:
     try:
         value = adapter.validate_python(value)
     except ValidationError as error:
-        raise InvalidValue(_message(owner, noun + name, hint, value, error.errors()[0])) from None
+        raise InvalidValue(_message(owner, noun + name, hint, value, dict(error.errors()[0]))) from None
     if (name == "seed" or name.endswith("_seed")) and isinstance(value, int) and not isinstance(value, bool) \
             and value < 0:
         raise InvalidValue(f"{owner}: {noun}{name} must be >= 0 (seeds are non-negative integers), got {value}")
@@ -162,14 +162,14 @@ def _message(owner: str, name: str, hint: Any, value: Any, error: dict[str, Any]
 
 
 @functools.lru_cache(maxsize=256)
-def _field_hints(cls: type) -> dict[str, Any]:
+def _field_hints(cls: Any) -> dict[str, Any]:
     return typing.get_type_hints(cls)
 
 
 def check_fields(config: Any) -> None:
     """Validate every field of the dataclass instance ``config`` (in ``__post_init__``: configs built in
     Python get the same checks as YAML and flags), storing the converted values."""
-    cls = type(config)
+    cls: Any = type(config)
     hints = _field_hints(cls)
     for field in dataclasses.fields(config):
         if field.name in hints:

@@ -217,7 +217,7 @@ def test_a_local_text_model_is_deterministic_and_resumes_exactly(tmp_path):
     (tmp_path / "b").mkdir()
     (tmp_path / "b" / EPISODES).write_text(lines[0])  # a kill after the first record of the chunk
     assert run(tmp_path / "b", resume=True) == whole
-    assert sorted(r.to_json() for r in read_records(tmp_path / "b" / EPISODES)) == sorted(l.strip() for l in lines)
+    assert sorted(r.to_json() for r in read_records(tmp_path / "b" / EPISODES)) == sorted(line.strip() for line in lines)
 
 
 @pytest.mark.slow

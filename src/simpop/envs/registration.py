@@ -100,7 +100,7 @@ def check_arguments(id: str, factory: Any, kwargs: dict[str, Any]) -> None:
         if unknown:
             raise TypeError(f"{id}: unknown argument(s) {', '.join(unknown)}; valid: {', '.join(named)}")
     try:
-        hints = typing.get_type_hints(factory.__init__ if isinstance(factory, type) else factory)
+        hints = typing.get_type_hints(factory.__init__ if isinstance(factory, type) else factory)  # type: ignore[misc]
     except Exception:  # unresolvable annotations: leave the checks to the constructor
         return
     for name, value in kwargs.items():

@@ -73,7 +73,7 @@ def add_arguments(parser: argparse.ArgumentParser, cls: type, skip: tuple[str, .
     for f in dataclasses.fields(cls):
         if f.name in skip:
             continue
-        default = f.default if f.default is not dataclasses.MISSING else f.default_factory()  # type: ignore[misc]
+        default = f.default if f.default is not dataclasses.MISSING else f.default_factory()  # type: ignore[operator,misc]
         kind, optional = _unwrap_optional(hints[f.name])
         if dataclasses.is_dataclass(kind):
             add_arguments(parser, kind, prefix=f"{prefix}{f.name}.")

@@ -317,7 +317,7 @@ class GRPOTrainer:
             self.optimizer.step()
             stats = {**sums, "grad_norm": grad_norm}
         self.update_count += 1
-        sync = self.policy.sync_generator() if self.text else {}  # type: ignore[union-attr]
+        sync = self.policy.sync_generator() if self.text else {}  # type: ignore[union-attr,operator]
         rewards, rollout = batch.rewards, batch.stats
         metrics = {
             "reward_mean": float(rewards.mean()),
@@ -375,7 +375,7 @@ class GRPOTrainer:
     def _forward(self, unit: dict[str, Any]) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor | None]:
         """``(log-probs, entropies, KL to the reference or None)`` per unit, with gradient."""
         if self.text:
-            scores = self.policy.score(unit["sequences"], unit["masks"])  # type: ignore[union-attr]
+            scores = self.policy.score(unit["sequences"], unit["masks"])  # type: ignore[union-attr,operator]
             kl = None
             if "reference" in unit:
                 delta = unit["reference"] - scores.logprobs
@@ -390,7 +390,7 @@ class GRPOTrainer:
     def _reference(self, unit: dict[str, Any]) -> torch.Tensor:
         """Reference log-probs: per token (text) or the whole action distribution (act level)."""
         if self.text:
-            return self.policy.reference_logprobs(unit["sequences"], unit["masks"])  # type: ignore[union-attr]
+            return self.policy.reference_logprobs(unit["sequences"], unit["masks"])  # type: ignore[union-attr,operator]
         assert self.reference is not None
         return self.reference.log_probs(unit["obs"])
 
@@ -406,7 +406,7 @@ class GRPOTrainer:
         self.rng.bit_generator.state = state["rng"]
         self.update_count = int(state["update_count"])
         if self.text:
-            self.policy.sync_generator()  # type: ignore[union-attr]  # the generator serves the loaded weights
+            self.policy.sync_generator()  # type: ignore[union-attr,operator]  # the generator serves the loaded weights
 
 
 def _group_indices(trajectories: list[Trajectory], start: int) -> list[list[int]]:

@@ -174,7 +174,7 @@ def run(trainer: Trainer, updates: int, run_dir: str | Path | None = None, *, co
         raise ValueError("on_collapse='add-simulators' needs grow=... (a failure-driven simulator generator)")
     run_dir = Path(run_dir) if run_dir is not None else None
     start, resumed = 0, False
-    if resume and (found := checkpoint.load_latest(run_dir)) is not None:
+    if resume and run_dir is not None and (found := checkpoint.load_latest(run_dir)) is not None:
         _, start, state = found
         monitor_state = state.pop(_MONITOR_KEY, None)
         trainer.load_state_dict(state)
@@ -204,6 +204,7 @@ def run(trainer: Trainer, updates: int, run_dir: str | Path | None = None, *, co
         """Probe when due and judge; True when the run must stop."""
         if monitor is None or step % config.probe_every != 0:
             return False
+        assert probe is not None  # checked at the start
         record = monitor.observe_probe(step, probe(step))
         log(step, {"kind": "probe", **record})
         if not record["warning_fired_now"]:
@@ -211,6 +212,7 @@ def run(trainer: Trainer, updates: int, run_dir: str | Path | None = None, *, co
         log(step, {"kind": "collapse_warning", "action": config.on_collapse,
                    **{k: v for k, v in record.items() if k.startswith("indicator/")}})
         if config.on_collapse == "add-simulators":
+            assert grow is not None  # checked at the start
             log(step, {"kind": "pool_growth", **grow(step, record)})
         return config.on_collapse == "stop"
 
@@ -230,7 +232,7 @@ def run(trainer: Trainer, updates: int, run_dir: str | Path | None = None, *, co
             log(step, {"kind": "train", **metrics})
             stop = watch(step)
             evaluated = evaluate is not None and (step % config.eval_every == 0 or step == updates or stop)
-            if evaluated:
+            if evaluate is not None and evaluated:
                 log(step, {"kind": "eval", **evaluate(step)})
             if evaluated or step % config.save_every == 0 or step == updates or stop:
                 save(step)

@@ -47,7 +47,7 @@ def test_an_episode_under_a_symlinked_interpreter_rewards_gold(linked_python):
     env = CooperBenchEnv("mini", python=linked_python)
     obs, _ = env.reset(seed=0, options={"scenario_id": "textkit/task1/f1-f3"})
     seats = {seat: ScriptedTeammate(seat=seat) for seat in ("agent1", "agent2")}
-    for seat, sim in seats.items():
+    for sim in seats.values():
         sim.reset(env.scenario, env.user_rng())
     while env.agents:
         step = env.step({env.to_act: seats[env.to_act].act(obs[env.to_act])})
@@ -67,7 +67,7 @@ def test_a_missing_interpreter_is_an_error_not_a_zero(textkit, tmp_path):
     env = CooperBenchEnv("mini", python=missing)
     obs, _ = env.reset(seed=0, options={"scenario_id": "textkit/task1/f1-f3"})
     seats = {seat: ScriptedTeammate(seat=seat) for seat in ("agent1", "agent2")}
-    for seat, sim in seats.items():
+    for sim in seats.values():
         sim.reset(env.scenario, env.user_rng())
     with pytest.raises(EvaluatorError):
         while env.agents:

@@ -297,7 +297,7 @@ class Evaluator:
             return MergeResult({"agent1": "applied", "agent2": "applied"}, {}, "identical", "skip-merge-identical",
                                patches["agent1"])
         repo = ws.clone("merge")
-        status = {}
+        status: dict[str, str] = {}
         for seat in ("agent1", "agent2"):
             ws.git(repo, "checkout", "-q", "-b", seat, ws.base_sha, check=True)
             if seat in rejected:

@@ -356,7 +356,7 @@ def capabilities() -> Capabilities:
     without overlays, then the older read-only remount; the first that runs a command is used."""
     if not (shutil.which("unshare") and shutil.which("setpriv") and sys.platform.startswith("linux")):
         return Capabilities(namespaces=False, pids_cgroup=None)
-    refused = []
+    refused: list[str] = []
     for private_root, overlay in ((True, True), (True, False), (False, False)):
         caps = Capabilities(namespaces=True, pids_cgroup=None, private_root=private_root, disk_quota=overlay)
         with _scratch_dir() as probe_dir:
