@@ -334,6 +334,8 @@ class GRPOTrainer:
             "update_s": time.perf_counter() - start,
             "steps_per_s": rollout.env_steps / rollout.total_s if rollout.total_s > 0 else 0.0,
             **batch.extra,
+            # Ray: waves the driver ran itself because a worker failed (cumulative; see simpop.rollout_ray)
+            **{k: float(v) for k, v in getattr(self.engine, "fallbacks", {}).items()},
         }
         if c.log_entropy:
             metrics["policy_entropy"] = stats["entropy"]
