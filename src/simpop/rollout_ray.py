@@ -294,7 +294,8 @@ class RayRolloutEngine(RolloutEngine):
             return {"object": _rollout_side(self.policy)}
         if self._module_key is not self.policy:  # a new policy object: its structure travels once
             self._module_ref, self._module_key = self._ray.put(self.policy), self.policy
-        state = {k: v.detach().cpu().clone() for k, v in self.policy.state_dict().items()}
+        module: Any = self.policy  # a torch module (checked above)
+        state = {k: v.detach().cpu().clone() for k, v in module.state_dict().items()}
         return {"key": id(self._module_ref), "module": self._module_ref, "state": state}
 
     def _simulator_payload(self) -> dict[str, Any]:

@@ -76,7 +76,7 @@ def add_arguments(parser: argparse.ArgumentParser, cls: type, skip: tuple[str, .
         default = f.default if f.default is not dataclasses.MISSING else f.default_factory()  # type: ignore[operator,misc]
         kind, optional = _unwrap_optional(hints[f.name])
         if dataclasses.is_dataclass(kind):
-            add_arguments(parser, kind, prefix=f"{prefix}{f.name}.")
+            add_arguments(parser, kind, prefix=f"{prefix}{f.name}.")  # type: ignore[arg-type]  # a dataclass type
             continue
         kwargs: dict[str, Any] = {"default": argparse.SUPPRESS, "dest": prefix + f.name,
                                   "help": f"{docs[f.name]} (default: {default!r})".replace("%", "%%")}
@@ -143,7 +143,7 @@ def nested(value: Any, cls: type[T], default: T) -> T:
         raise ValueError(f"unknown {cls.__name__} fields {unknown}; valid fields: {', '.join(fields)}")
     hints = typing.get_type_hints(cls)
     value = {k: check(cls.__name__, k, hints[k], v) for k, v in value.items()}
-    return dataclasses.replace(default, **value)
+    return dataclasses.replace(default, **value)  # type: ignore[type-var]  # default is a ``cls`` instance
 
 
 def load_yaml(path: str | Path, cls: type) -> dict[str, Any]:
