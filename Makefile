@@ -16,7 +16,7 @@ export TOKENIZERS_PARALLELISM := false
 # tau2 is installed without its dependency set (~1.1 GB, mostly unused); these are what it needs.
 TAU2_DEPS := litellm addict deepdiff docstring-parser loguru pandas rich toml
 
-.PHONY: setup vllm-env browser run test bench clean
+.PHONY: setup vllm-env browser run test lint bench clean
 
 # vLLM lives in its own environment: its pins (transformers, torch+cpu) differ from simpop's.
 # The server runs as a subprocess of simpop (`simpop serve --engine vllm`, backend spec `vllm:...`).
@@ -64,8 +64,13 @@ browser:
 	    $(SUDO) apt-get update -q && $(SUDO) DEBIAN_FRONTEND=noninteractive apt-get install -y -q chromium; \
 	  else echo "no chromium and no apt-get: the study's browser tests will skip"; fi; }
 
-test: $(STAMP) $(VLLM_STAMP) browser
+test: lint $(STAMP) $(VLLM_STAMP) browser
 	$(PY) -m pytest -q
+
+# ruff (the rule families the code follows) and mypy, both configured in pyproject.toml; no formatter is run.
+lint: $(STAMP)
+	$(PY) -m ruff check src tests benchmarks
+	$(PY) -m mypy
 
 bench: $(STAMP) $(VLLM_STAMP)
 	for f in benchmarks/*.py; do echo "== $$f"; $(PY) $$f || exit 1; done

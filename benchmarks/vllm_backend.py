@@ -22,6 +22,7 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import functools
 import time
 
 from simpop.agents.base import SamplingParams
@@ -113,7 +114,7 @@ def main() -> None:
     params = SamplingParams(max_new_tokens=args.max_new_tokens, temperature=0.0)
     prompts = [local.encode_chat(chat) for chat in chats(args.prompts)]
     local.generate_ids(prompts[:2], params)
-    hf_s, hf = best_of(1, lambda: local.generate_ids(prompts, params))
+    hf_s, hf = best_of(1, functools.partial(local.generate_ids, prompts, params))
     hf_tokens = sum(len(g.token_ids) for g in hf)
     del local
 

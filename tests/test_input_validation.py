@@ -20,9 +20,10 @@ from simpop.cli import main
 from simpop.envs.dialogue import NESTED_TOO_DEEP
 from simpop.envs.wrappers import UnsupportedRenderMode
 from simpop.experiments.conditions import CollapseConfig
-from simpop.train.config import build, check_value
+from simpop.train.config import build
 from simpop.train.grpo import GRPOConfig
 from simpop.train.loop import LoopConfig
+from simpop.validation import check
 
 ACT = "simpop/PersuasionAct-v0"
 
@@ -92,7 +93,7 @@ def test_nested_config_sections_are_type_checked_too():
         build(CollapseConfig, values={"conditions": ["frozen", 3]})
     with pytest.raises(ValueError, match=r"first_seed must be >= 0"):
         build(CollapseConfig, values={"first_seed": -1})
-    assert check_value("X", "sizes", tuple[int, ...], [1, "2"]) == (1, 2)
+    assert check("X", "sizes", tuple[int, ...], [1, "2"]) == (1, 2)
 
 
 def test_train_cli_refuses_a_mistyped_yaml_config(tmp_path, capsys):
@@ -205,9 +206,9 @@ def test_gymnasium_make_refuses_a_simulator_spec_string_naming_the_fix():
 
 
 def test_gymnasium_make_type_checks_env_arguments():
-    with pytest.raises(TypeError, match="argument max_turns must be an int, got 'abc'"):
+    with pytest.raises(TypeError, match="argument max_turns must be an integer, got 'abc'"):
         gymnasium.make(ACT, max_turns="abc")
-    with pytest.raises(TypeError, match="argument max_turns must be an int, got 'abc'"):
+    with pytest.raises(TypeError, match="argument max_turns must be an integer, got 'abc'"):
         simpop.make(ACT, max_turns="abc")
 
 

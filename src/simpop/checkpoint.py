@@ -202,7 +202,8 @@ def latest(run_dir: str | Path) -> Path | None:
 def by_step(run_dir: str | Path) -> dict[int, Path]:
     """Step -> complete checkpoint file of ``run_dir`` (empty when it has none)."""
     folder = checkpoint_dir(run_dir)
-    return {int(_NAME.match(p.name).group(1)): p for p in _all(folder)} if folder.is_dir() else {}
+    return {int(_NAME.match(p.name).group(1)): p  # type: ignore[union-attr]  # _all lists matching names
+            for p in _all(folder)} if folder.is_dir() else {}
 
 
 def _all(folder: Path) -> list[Path]:

@@ -44,7 +44,7 @@ from typing import Any
 
 import numpy as np
 
-from simpop.agents.base import Chat, Generation, SamplingParams, TokenBackend
+from simpop.agents.base import Chat, Generation, TokenBackend
 from simpop.agents.policy import BatchPolicy, TokenPolicy
 from simpop.envs.dialogue import DialogueEnv, parse_observation
 from simpop.seat import Simulator

@@ -33,8 +33,10 @@ counters kept on the driver's policy or simulator objects (e.g. text-format fall
 
 A wave whose worker fails (the actor died, a task raised) is run again in the driver, with the same
 generator, so the result is unchanged (an error of the dialogue itself then raises there, as locally); a dead
-worker is replaced, and ``ray_fallback_waves`` in :attr:`RayRolloutEngine.fallbacks` counts such waves (a
-warning is logged each time).
+worker is replaced when the cluster can start another within :data:`WORKER_START_S` (a node that died takes its
+CPUs with it), else its slot is dropped and the remaining workers (or, with none left, the driver) run the waves.
+``ray_fallback_waves`` in :attr:`RayRolloutEngine.fallbacks` counts the waves the driver ran (a warning is logged
+each time; ``simpop train`` records it in the metrics).
 
 The cluster: a local one is started on first use (``ray.init(num_cpus=...)``, no dashboard) unless Ray is
 already initialised or :attr:`RayConfig.ray_address` names a cluster to join (simpop must be installed on
@@ -57,8 +59,12 @@ import numpy as np
 
 from simpop.rollout import Job, RolloutEngine, RolloutStats, Trajectory, plan_waves
 from simpop.seat import Simulator, Trainable
+from simpop.validation import check_fields
 
 logger = logging.getLogger(__name__)
+
+#: Seconds a replacement worker may take to start before its slot is dropped (its node may be gone).
+WORKER_START_S = 60.0
 
 
 #: One wave: its jobs and the generator that drives its policy (:func:`~simpop.rollout.plan_waves`).
@@ -85,6 +91,7 @@ class RayConfig:
     ray_worker_cpus: float = 1.0
 
     def __post_init__(self) -> None:
+        check_fields(self)
         if self.ray_workers < 1:
             raise ValueError(f"RayConfig: ray_workers must be >= 1, got {self.ray_workers}")
         if not 0 < self.ray_worker_cpus <= 1024:
@@ -216,6 +223,14 @@ class RayRolloutEngine(RolloutEngine):
         self._module_ref: Any = None
         self._module_key: Any = None
         self._workers = [self._new_worker() for _ in range(self.config.ray_workers)]
+        pending = [worker.__ray_ready__.remote() for worker in self._workers]
+        ready, _ = self._ray.wait(pending, num_returns=len(pending), timeout=WORKER_START_S)
+        if len(ready) < len(pending):  # a task sent to a worker the cluster cannot place would wait forever
+            self.close()
+            raise ValueError(f"the Ray cluster started {len(ready)} of {len(pending)} rollout workers within "
+                               f"{WORKER_START_S:.0f} s ({self.config.ray_worker_cpus:g} CPU each; it has "
+                               f"{self._ray.available_resources().get('CPU', 0):g} free): lower --ray-workers or "
+                               f"--ray-worker-cpus, or add nodes")
 
     def _new_worker(self) -> Any:
         actor = _remote_worker(self._ray).options(num_cpus=self.config.ray_worker_cpus)
@@ -231,6 +246,9 @@ class RayRolloutEngine(RolloutEngine):
         self.stats = RolloutStats()
         start = time.perf_counter()
         n = len(self._workers)
+        if n == 0:  # every worker was lost and none could be replaced: the driver runs the waves
+            done = self._fallback(-1, list(waves), RuntimeError("no Ray workers left"))
+            return self._gather(list(done), start)
         policy, simulator = self._policy_payload(), self._simulator_payload()  # small: sent inline with the task
         futures = [self._workers[w].run_waves.remote(policy, simulator, list(waves[w::n]), self.env_view)
                    for w in range(min(n, len(waves)))]
@@ -243,6 +261,13 @@ class RayRolloutEngine(RolloutEngine):
                 done = self._fallback(w, [waves[k] for k in mine], error)
             for k, result in zip(mine, done):
                 results[k] = result
+        self._workers = [worker for worker in self._workers if worker is not None]  # slots that could not restart
+        return self._gather(results, start)
+
+    def _gather(self, results: Sequence[WaveResult | None], start: float) -> list[Trajectory]:
+        """The waves' trajectories in wave order, their summed stats and env views."""
+        for result in results:
+            if result is not None:
                 for f in fields(RolloutStats):
                     if f.name != "total_s":
                         setattr(self.stats, f.name, getattr(self.stats, f.name) + getattr(result[1], f.name))
@@ -257,7 +282,10 @@ class RayRolloutEngine(RolloutEngine):
     def close(self) -> None:
         """End the worker actors (the cluster stays up)."""
         for worker in self._workers:
-            self._ray.kill(worker)
+            try:
+                self._ray.kill(worker)
+            except Exception:  # noqa: BLE001 - its node is gone already
+                logger.debug("could not kill a Ray worker (its node is gone)")
         self._workers = []
 
     # ----------------------------------------------------------------- what travels to the workers
@@ -266,7 +294,8 @@ class RayRolloutEngine(RolloutEngine):
             return {"object": _rollout_side(self.policy)}
         if self._module_key is not self.policy:  # a new policy object: its structure travels once
             self._module_ref, self._module_key = self._ray.put(self.policy), self.policy
-        state = {k: v.detach().cpu().clone() for k, v in self.policy.state_dict().items()}
+        module: Any = self.policy  # a torch module (checked above)
+        state = {k: v.detach().cpu().clone() for k, v in module.state_dict().items()}
         return {"key": id(self._module_ref), "module": self._module_ref, "state": state}
 
     def _simulator_payload(self) -> dict[str, Any]:
@@ -286,8 +315,12 @@ class RayRolloutEngine(RolloutEngine):
         logger.warning("Ray worker %d failed (%s: %s); running its %d wave(s) in the driver",
                        w, type(error).__name__, str(error).strip().splitlines()[0] if str(error).strip() else "",
                        len(waves))
-        if isinstance(error, self._ray.exceptions.RayActorError):  # the actor is gone: start another
-            self._workers[w] = self._new_worker()
+        if w >= 0 and isinstance(error, self._ray.exceptions.RayActorError):  # the actor is gone: start another
+            try:
+                self._ray.kill(self._workers[w])  # unreachable, perhaps not dead: release its CPUs
+            except Exception:  # noqa: BLE001 - its node is gone already
+                logger.debug("could not kill Ray worker %d (its node is gone)", w)
+            self._workers[w] = self._replacement(w)
         out = []
         for jobs, rng in waves:
             self.stats, before = RolloutStats(), self.stats
@@ -299,6 +332,22 @@ class RayRolloutEngine(RolloutEngine):
             out.append((trajectories, self.stats, views))
             self.stats = before
         return out
+
+
+    def _replacement(self, w: int) -> Any:
+        """A new worker for slot ``w``, or None when the cluster cannot start one within :data:`WORKER_START_S`."""
+        actor = self._new_worker()
+        ready, _ = self._ray.wait([actor.__ray_ready__.remote()], timeout=WORKER_START_S)
+        if ready:
+            try:
+                self._ray.get(ready[0])
+                return actor
+            except Exception as error:  # noqa: BLE001 - it failed to start: reported below
+                logger.debug("replacement worker failed to start: %s", error)
+        self._ray.kill(actor)
+        logger.warning("Ray worker %d could not be replaced within %.0f s (no room left on the cluster); "
+                       "continuing with %d worker(s)", w, WORKER_START_S, sum(x is not None for x in self._workers) - 1)
+        return None
 
 
 _REMOTE: dict[str, Any] = {}

@@ -1023,7 +1023,7 @@ def check_simulator(simulator_or_factory: Any, env_id_or_factory: Any, *, seed: 
     Raises:
         AssertionError: From the first failing check, naming it and what to fix.
     """
-    common = {"seed": seed, "policy": policy}
+    common: dict[str, Any] = {"seed": seed, "policy": policy}
     check_simulator_spec(simulator_or_factory, env_id_or_factory, episodes=1, slots=min(slots, 2), **common)
     check_simulator_batch(simulator_or_factory, env_id_or_factory, episodes=episodes, slots=slots, **common)
     check_simulator_slot0(simulator_or_factory, env_id_or_factory, episodes=episodes, **common)

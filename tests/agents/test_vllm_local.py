@@ -14,7 +14,6 @@ from pathlib import Path
 import pytest
 import torch
 
-from simpop.agents.base import SamplingParams
 
 pytestmark = pytest.mark.slow
 SRC = Path(__file__).resolve().parents[2] / "src"

@@ -64,7 +64,7 @@ def test_run_folder_cotrain_nesting_and_refusals(tmp_path):
     (run / "run.json").write_text(json.dumps({"trainer": "ppo", "env": ENV}))
     with pytest.raises(PolicySpecError, match="PPO run"):
         load_policy(f"run:{run}", env)
-    with pytest.raises(PolicySpecError, match="not a simpop train run folder"):
+    with pytest.raises(PolicySpecError, match="not a simpop run folder"):
         load_policy(f"run:{tmp_path / 'nothing'}", env)
     wrong = tmp_path / "wrong"
     wrong.mkdir()
@@ -218,7 +218,7 @@ def test_a_local_text_model_is_deterministic_and_resumes_exactly(tmp_path):
     (tmp_path / "b" / EPISODES).write_text(lines[0])  # a kill after the first record of the chunk
     (tmp_path / "b" / "eval.json").write_bytes((tmp_path / "a" / "eval.json").read_bytes())
     assert run(tmp_path / "b", resume=True) == whole
-    assert sorted(r.to_json() for r in read_records(tmp_path / "b" / EPISODES)) == sorted(l.strip() for l in lines)
+    assert sorted(r.to_json() for r in read_records(tmp_path / "b" / EPISODES)) == sorted(line.strip() for line in lines)
 
 
 @pytest.mark.slow

@@ -31,7 +31,8 @@ class BufferedLayer(DynamicLayer):
     def __init__(self, capacity: int) -> None:
         super().__init__()
         self.capacity = capacity
-        self._keys = self._values = None
+        self._keys: torch.Tensor | None = None
+        self._values: torch.Tensor | None = None
 
     def lazy_initialization(self, key_states: torch.Tensor, value_states: torch.Tensor) -> None:
         """Allocate the layer's buffers for the dtype and device of the first states it sees."""

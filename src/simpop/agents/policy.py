@@ -27,6 +27,7 @@ from torch import nn
 
 from simpop.agents.base import Generation, SamplingParams, TokenBackend, TrainableBackend
 from simpop.agents.lora import LoRAAdapter
+from simpop.validation import check_fields
 
 if TYPE_CHECKING:
     from simpop.agents.transformers_backend import TokenScores
@@ -110,6 +111,7 @@ class ModelConfig:
     generator: str = ""
 
     def __post_init__(self) -> None:
+        check_fields(self)
         if self.dtype not in ("auto", "float32", "bfloat16"):
             raise ValueError(f"ModelConfig: dtype must be 'auto', 'float32' or 'bfloat16', got {self.dtype!r}")
         if self.lora_r < 1 or self.lora_alpha < 1:

@@ -11,14 +11,13 @@ from __future__ import annotations
 
 import importlib
 import inspect
-import numbers
-import os
-import types
 import typing
 from dataclasses import dataclass, field
-from typing import Any, Literal
+from typing import Any
 
 import gymnasium
+
+from simpop.validation import check
 
 
 @dataclass(frozen=True)
@@ -87,12 +86,14 @@ def make(id: str, **kwargs: Any):
     """
     s = spec(id)
     factory = load(s.entry_point)
+    kwargs = dict(kwargs)
     check_arguments(id, factory, kwargs)
     return factory(**{**s.kwargs, **kwargs})
 
 
 def check_arguments(id: str, factory: Any, kwargs: dict[str, Any]) -> None:
-    """Check ``kwargs`` against ``factory``'s signature and annotations (what can be checked is)."""
+    """Check ``kwargs`` against ``factory``'s signature and annotations (:func:`simpop.validation.check`: what can
+    be checked is), converting them in place where that is lossless."""
     try:
         signature = inspect.signature(factory)
     except (TypeError, ValueError):
@@ -104,51 +105,12 @@ def check_arguments(id: str, factory: Any, kwargs: dict[str, Any]) -> None:
         if unknown:
             raise TypeError(f"{id}: unknown argument(s) {', '.join(unknown)}; valid: {', '.join(named)}")
     try:
-        hints = typing.get_type_hints(factory.__init__ if isinstance(factory, type) else factory)
+        hints = typing.get_type_hints(factory.__init__ if isinstance(factory, type) else factory)  # type: ignore[misc]
     except Exception:  # unresolvable annotations: leave the checks to the constructor
         return
     for name, value in kwargs.items():
-        if name in hints and not _fits(value, hints[name]):
-            raise TypeError(f"{id}: argument {name} must be {_describe(hints[name])}, got {value!r} "
-                            f"({type(value).__name__})")
-
-
-def _fits(value: Any, hint: Any) -> bool:
-    """Whether ``value`` is acceptable for the annotation ``hint`` (unknown kinds of annotation: yes)."""
-    origin = typing.get_origin(hint)
-    if hint is Any:
-        return True
-    if origin in (typing.Union, types.UnionType):
-        return any(_fits(value, arg) for arg in typing.get_args(hint))
-    if origin is Literal:
-        return value in typing.get_args(hint)
-    if hint is type(None) or hint is None:
-        return value is None
-    if hint is bool:
-        return isinstance(value, bool)
-    if hint is int:
-        return isinstance(value, numbers.Integral) and not isinstance(value, bool)
-    if hint is float:
-        return isinstance(value, numbers.Real) and not isinstance(value, bool)
-    if isinstance(hint, type) and issubclass(hint, os.PathLike):
-        return isinstance(value, (str, os.PathLike))
-    if isinstance(origin, type):
-        return isinstance(value, origin)
-    if isinstance(hint, type):
-        return isinstance(value, hint)
-    return True
-
-
-def _describe(hint: Any) -> str:
-    """An annotation in words, for :func:`check_arguments`'s errors."""
-    if typing.get_origin(hint) in (typing.Union, types.UnionType):
-        return " or ".join(_describe(arg) for arg in typing.get_args(hint))
-    if typing.get_origin(hint) is Literal:
-        return "one of " + ", ".join(repr(a) for a in typing.get_args(hint))
-    if hint is type(None):
-        return "None"
-    names = {bool: "a bool", int: "an int", float: "a number", str: "a str"}
-    return names.get(hint, getattr(hint, "__name__", str(hint)))
+        if name in hints:
+            kwargs[name] = check(id, name, hints[name], value, noun="argument ")
 
 
 def parse_env_args(pairs: list[str]) -> dict[str, Any]:

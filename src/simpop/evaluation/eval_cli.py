@@ -195,16 +195,25 @@ def load_panel_arg(name_or_path: str, env: Any, env_id: str) -> tuple[Any, str]:
 def check_against_run(panel: Any, run_dir: Path, env: Any) -> None:
     """Raise PanelOverlapError unless ``panel`` is held out from the simulators of training run ``run_dir``."""
     from simpop.simulators.population import Population
-    from simpop.simulators.registry import build_simulator
+    from simpop.simulators.registry import build_many, build_simulator
 
     info_path = Path(run_dir) / "run.json"
     if not info_path.is_file():
-        raise FileNotFoundError(f"{run_dir} is not a simpop train run folder (no run.json)")
-    spec = json.loads(info_path.read_text()).get("simulator")
-    if not spec:
+        raise FileNotFoundError(f"{run_dir} is not a simpop run folder (no run.json)")
+    info = json.loads(info_path.read_text())
+    if info.get("simulator"):  # simpop train
+        training = build_simulator(info["simulator"], env)
+        panel.check_disjoint(training if isinstance(training, Population) else [training])
+        return
+    specs = dict(info.get("simulators") or {})  # an experiment's run: name -> spec
+    if info.get("trainer") == "adaptive-pool":  # the pool grew: its members at every kept checkpoint count too
+        from simpop import checkpoint
+
+        for path in checkpoint.by_step(Path(run_dir)).values():
+            specs.update(checkpoint.load(path, restore_rng=False)[1].get("specs") or {})
+    if not specs:
         raise ValueError(f"{info_path} names no training simulator")
-    training = build_simulator(spec, env)
-    panel.check_disjoint(training if isinstance(training, Population) else [training])
+    panel.check_disjoint(build_many(specs, env))
 
 
 def _compare(args: argparse.Namespace) -> int:

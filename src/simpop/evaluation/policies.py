@@ -11,11 +11,14 @@
 ``vllm:PATH``                      a vLLM server launched on a model folder (or embedded name) for this run
 ``hf:PATH``, ``transformers:PATH`` a local HF model folder, in process (:class:`TextPolicy`)
 ``smollm2`` (an embedded name)     an embedded model, in process (:class:`TextPolicy`)
-``run:DIR[@STEP]``                 a ``simpop train`` run folder: the policy its ``config.yaml`` describes with the
+``run:DIR[@STEP]``                 a run folder (``simpop train``, or one run of ``simpop experiment collapse``,
+                                   ``adaptive`` or ``monitor``): the policy its ``config.yaml`` describes with the
                                    newest checkpoint's weights (or step ``STEP``'s)
 ``reference``                      the benchmark's reference agent: P4G (act and text) a persuader playing
                                    :func:`~simpop.envs.persuasion.model.reference_persuader`'s act sequences; τ²
-                                   :class:`~simpop.envs.tau2.simulators.GoldAgent` (the task's gold actions);
+                                   :class:`~simpop.envs.tau2.simulators.GoldAgent` (the task's gold actions; it
+                                   cannot solve the tasks that
+                                   :func:`~simpop.envs.tau2.simulators.gold_unreachable` names);
                                    CooperBench a :class:`~simpop.envs.cooperbench.simulators.ScriptedTeammate`
                                    writing the policy seat's gold patch
 ``module:attr``                    any importable object with ``act_batch(observations, rng)`` (or a zero-argument
@@ -403,8 +406,20 @@ def _is_policy(value: Any) -> bool:
 
 
 # ---------------------------------------------------------------------------------------------- run folders
+def _policy_weights(state: dict[str, Any]) -> Any:
+    """The policy's weights in a trainer's checkpoint state: GRPO ``policy``, co-training ``policy_trainer``,
+    adaptive pools ``inner`` (which may hold either)."""
+    if "policy" in state:
+        return state["policy"]
+    for key in ("policy_trainer", "inner"):
+        if isinstance(state.get(key), dict):
+            return _policy_weights(state[key])
+    return None
+
+
 def load_run_policy(run_dir: str | Path, step: int | None, env: Any, env_id: str | None = None) -> Any:
-    """The policy of a ``simpop train`` run folder, with the weights of its newest checkpoint (or of ``step``).
+    """The policy of a run folder (``simpop train``, or one run of ``simpop experiment collapse/adaptive/monitor``),
+    with the weights of its newest checkpoint (or of ``step``).
 
     The policy is rebuilt from ``config.yaml``'s ``model`` section with
     :func:`~simpop.agents.policy.build_policy` (act level: an ``ActPolicy`` sized for ``env``; text: an
@@ -419,7 +434,11 @@ def load_run_policy(run_dir: str | Path, step: int | None, env: Any, env_id: str
     run = Path(run_dir).expanduser()
     info_path, config_path = run / "run.json", run / "config.yaml"
     if not info_path.is_file() or not config_path.is_file():
-        raise PolicySpecError(f"{run} is not a simpop train run folder (it needs run.json and config.yaml)")
+        hint = ""
+        if (run / "checkpoints").is_dir() and (run.parent.parent.parent / "config.json").is_file():
+            hint = (f"; it is an experiment's run from before run folders recorded their policy: rerun the "
+                    f"experiment with --out {run.parent.parent.parent} --resume (finished runs are not retrained)")
+        raise PolicySpecError(f"{run} is not a simpop run folder (it needs run.json and config.yaml){hint}")
     info = json.loads(info_path.read_text())
     config = load_yaml_file(config_path) or {}
     if info.get("trainer") == "ppo":
@@ -450,9 +469,9 @@ def load_run_policy(run_dir: str | Path, step: int | None, env: Any, env_id: str
                               logprobs=True)
     policy = build_policy(env, model, sampling, int(grpo.get("seed", 0)))
     _, state = checkpoint.load(path, restore_rng=False)
-    weights = state.get("policy", (state.get("policy_trainer") or {}).get("policy"))
+    weights = _policy_weights(state)
     if weights is None:
-        raise PolicySpecError(f"{path} holds no policy weights (state['policy'] or state['policy_trainer']['policy'])")
+        raise PolicySpecError(f"{path} holds no policy weights (state['policy'], or under 'policy_trainer'/'inner')")
     try:
         policy.load_state_dict(weights)
     except RuntimeError as error:

@@ -269,7 +269,8 @@ def ablation_section(conditions: Mapping[str, Any], current: str = "target") -> 
 # ========================================================================================= convergence
 def convergence_note(conditions: Mapping[str, Any]) -> str:
     """One sentence: which conditions' training success is flat over the last 20% of updates."""
-    flat, moving = [], []
+    flat: list[Any] = []
+    moving: list[Any] = []
     for name, cond in conditions.items():
         change = cond["metrics"].get("late_change")
         if change is None or not math.isfinite(change["mean"]):
@@ -533,7 +534,7 @@ def plot_per_seed(records: Sequence[Mapping[str, Any]], out_dir: str | Path, ord
         fig, axes = plt.subplots(rows, cols, figsize=(3.2 * cols, 2.6 * rows), dpi=110, sharex=True, sharey=True,
                                  squeeze=False)
         for ax, (name, seeds) in zip(axes.flat, data.items()):
-            for seed, values in sorted(seeds.items()):
+            for _seed, values in sorted(seeds.items()):
                 steps = sorted(values)
                 ax.plot(steps, [values[t] for t in steps], linewidth=0.9, alpha=0.7)
             ax.set_title(name, fontsize=9)

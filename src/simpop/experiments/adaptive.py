@@ -44,6 +44,7 @@ import numpy as np
 from simpop.train.cotrain import CoTrainConfig
 from simpop.train.grpo import GRPOConfig
 from simpop.train.pool import PoolConfig
+from simpop.validation import check_fields
 
 CONDITIONS = ("fixed", "failure", "failure-keep-base", "population")
 #: Run by default (failure-keep-base was added after the first results; see the module docstring).
@@ -96,6 +97,7 @@ class AdaptiveConfig:
     threads: int = 1
 
     def __post_init__(self) -> None:
+        check_fields(self)
         from simpop.experiments.conditions import default_cotrain, default_grpo
         from simpop.train.config import nested
 
@@ -150,9 +152,35 @@ def random_region_specs(cap: int, seed: int) -> dict[str, str]:
     return specs
 
 
+def initial_pool(config: AdaptiveConfig, condition: str, seed: int) -> dict[str, str]:
+    """Name -> spec of a pool condition's first members (``fixed``: the whole pool)."""
+    return random_region_specs(config.pool.cap, seed) if condition == "fixed" else {"base": BASE_SPEC}
+
+
+def policy_configs(config: AdaptiveConfig, seed: int) -> tuple[Any, Any]:
+    """The policy model and GRPO settings of one seed's pool runs (``population`` runs use the collapse ones)."""
+    from simpop.agents.policy import ModelConfig
+
+    return ModelConfig(), dataclasses.replace(config.grpo, seed=seed)
+
+
+def write_card(run_dir: Path, config: AdaptiveConfig, condition: str, seed: int) -> None:
+    """The run folder's ``config.yaml`` and ``run.json`` (:func:`simpop.train.loop.write_run_card`)."""
+    from simpop.experiments import conditions
+    from simpop.train.loop import write_run_card
+
+    if condition == "population":
+        conditions.write_card(run_dir, config.collapse_config(), condition, seed, experiment="adaptive")
+        return
+    write_run_card(run_dir, {"trainer": "adaptive-pool", "env": ENV_ID, "env_args": {"max_turns": config.max_turns},
+                             "experiment": "adaptive", "condition": condition, "seed": seed,
+                             "simulators": initial_pool(config, condition, seed)},
+                   *policy_configs(config, seed))
+
+
 def build_trainer(condition: str, config: AdaptiveConfig, seed: int, env: Any, heldout: Any):
     """The trainer of one condition and seed (``heldout``: the panel generated simulators must stay clear of)."""
-    from simpop.agents.policy import ModelConfig, build_policy
+    from simpop.agents.policy import build_policy
     from simpop.experiments import conditions
     from simpop.simulators.population import Population
     from simpop.simulators.registry import build_many, load_panel
@@ -161,10 +189,9 @@ def build_trainer(condition: str, config: AdaptiveConfig, seed: int, env: Any, h
 
     if condition == "population":
         return conditions.build_trainer("population", config.collapse_config(), seed, env)
-    grpo = dataclasses.replace(config.grpo, seed=seed)
-    policy = build_policy(env, ModelConfig(), grpo.sampling(), seed)
-    specs = random_region_specs(config.pool.cap, seed) if condition == "fixed" else {"base": BASE_SPEC}
-    pool = Population(build_many(specs, env), name=f"{condition}-pool")
+    model, grpo = policy_configs(config, seed)
+    policy = build_policy(env, model, grpo.sampling(), seed)
+    pool = Population(build_many(initial_pool(config, condition, seed), env), name=f"{condition}-pool")
     inner = GRPOTrainer(ENV_ID, policy, pool, grpo, env_kwargs={"max_turns": config.max_turns})
     grower = None
     if condition.startswith("failure"):
@@ -186,6 +213,7 @@ def run_one(config: AdaptiveConfig, condition: str, seed: int, out: Path, resume
     from simpop.train.loop import LoopConfig, run
 
     run_dir = out / "runs" / condition / f"seed{seed}"
+    write_card(run_dir, config, condition, seed)
     saved = checkpoint.latest(run_dir) if resume else None
     if saved is not None and int(saved.stem.split("_")[1]) >= config.updates:
         return run_dir

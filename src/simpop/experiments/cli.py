@@ -82,7 +82,7 @@ def run_adaptive(args: argparse.Namespace) -> int:
     from simpop.train.cli import check_out_dir
     from simpop.train.config import build
 
-    cls = AdaptiveConfig if args.experiment == "adaptive" else MonitorCalibrationConfig
+    cls: Any = AdaptiveConfig if args.experiment == "adaptive" else MonitorCalibrationConfig
     try:
         if args.config is not None and not Path(args.config).is_file():
             raise ValueError(f"--config {args.config}: no such file")

@@ -77,7 +77,8 @@ import numpy as np
 from simpop.experiments.conditions import (COTRAINED, CORPUS_PANEL_TEMPERATURES, PANEL_JITTER, PANEL_TEMPERATURES,
                                            ROBUST_PANEL_TEMPERATURES, TEXT_PANEL_LLM_TEMPERATURES, CollapseConfig,
                                            build_panel, build_trainer, condition_cotrain, evaluate_run, extra_panels,
-                                           read_records, shared_model_members, simulator_backends)
+                                           read_records, shared_model_members, simulator_backends,
+                                           write_card)
 from simpop.train.cotrain import CoTrainConfig
 from simpop.train.config import changed_settings, to_dict
 
@@ -94,6 +95,7 @@ def run_one(config: CollapseConfig, condition: str, seed: int, out: Path, resume
     from simpop.train.loop import LoopConfig, run
 
     run_dir = out / "runs" / condition / f"seed{seed}"
+    write_card(run_dir, config, condition, seed)
     saved = checkpoint.latest(run_dir) if resume else None
     if saved is not None and int(saved.stem.split("_")[1]) >= config.updates:
         return run_dir

@@ -18,6 +18,7 @@ from typing import Any, Literal
 from simpop.agents.policy import ModelConfig
 from simpop.train.cotrain import CoTrainConfig
 from simpop.train.grpo import GRPOConfig
+from simpop.validation import check_fields
 
 CONDITIONS = ("frozen", "verbalized", "cotrain", "population")
 #: Conditions that co-train simulators; ``cotrain+<objective>`` runs one with another objective (an ablation).
@@ -139,6 +140,7 @@ class CollapseConfig:
     threads: int | None = None
 
     def __post_init__(self) -> None:
+        check_fields(self)
         from simpop.train.config import nested
 
         def need(ok: bool, message: str) -> None:
@@ -302,6 +304,22 @@ def simulator_backends(config: CollapseConfig) -> dict[str, Any]:
             f"trainable:{model}": TransformersBackend(model, dtype=dtype, prefix_cache=cache)}
 
 
+def policy_configs(config: CollapseConfig, seed: int) -> tuple[ModelConfig, GRPOConfig]:
+    """The policy model and GRPO settings of one seed's runs (every condition)."""
+    return dataclasses.replace(config.model, adapter=f"policy{seed}"), dataclasses.replace(config.grpo, seed=seed)
+
+
+def write_card(run_dir: Path, config: CollapseConfig, condition: str, seed: int, experiment: str = "collapse") -> None:
+    """The run folder's ``config.yaml`` and ``run.json`` (:func:`simpop.train.loop.write_run_card`)."""
+    from simpop.train.loop import write_run_card
+
+    trainer = "grpo" if condition in ("frozen", "verbalized") else "cotrain"
+    write_run_card(run_dir, {"trainer": trainer, "env": config.env_id, "env_args": config.env_kwargs(),
+                             "experiment": experiment, "condition": condition, "seed": seed,
+                             "simulators": simulator_specs(condition, config)},
+                   *policy_configs(config, seed))
+
+
 def build_trainer(condition: str, config: CollapseConfig, seed: int, env: Any,
                   backends: dict[str, Any] | None = None):
     """The trainer of one condition and seed: GRPO against the condition's simulator, or co-training
@@ -311,8 +329,7 @@ def build_trainer(condition: str, config: CollapseConfig, seed: int, env: Any,
     from simpop.train.cotrain import CoTrainer
     from simpop.train.grpo import GRPOTrainer
 
-    grpo = dataclasses.replace(config.grpo, seed=seed)
-    model = dataclasses.replace(config.model, adapter=f"policy{seed}")
+    model, grpo = policy_configs(config, seed)
     policy = build_policy(env, model, grpo.sampling(), seed)
     simulators = build_many(simulator_specs(condition, config), env,
                             simulator_backends(config) if backends is None else backends)

@@ -31,6 +31,8 @@ from typing import Any
 
 import numpy as np
 
+from simpop.validation import check_fields
+
 CONDITIONS = ("frozen", "verbalized", "cotrain")
 
 
@@ -61,6 +63,7 @@ class MonitorCalibrationConfig:
     workers: int = 2
 
     def __post_init__(self) -> None:
+        check_fields(self)
         if not self.conditions or set(self.conditions) - set(CONDITIONS):
             raise ValueError(f"MonitorCalibrationConfig: conditions must be from {', '.join(CONDITIONS)}")
         for key in ("seeds", "updates", "eval_every", "eval_episodes", "probe_every", "probe_episodes", "workers"):
@@ -85,12 +88,13 @@ def run_one(config: MonitorCalibrationConfig, condition: str, seed: int, out: st
     from simpop.train.monitor import CollapseMonitor
 
     run_dir = Path(out) / "runs" / condition / f"seed{seed}"
+    cc = conditions.CollapseConfig(level="act", seeds=1, updates=config.updates, eval_every=config.eval_every,
+                                   eval_episodes=config.eval_episodes, workers=1, threads=1)
+    conditions.write_card(run_dir, cc, condition, seed, experiment="monitor")
     if finished(run_dir, config):
         return outcome(run_dir, condition, seed)
     torch.set_num_threads(1)
     torch.manual_seed(seed)
-    cc = conditions.CollapseConfig(level="act", seeds=1, updates=config.updates, eval_every=config.eval_every,
-                                 eval_episodes=config.eval_episodes, workers=1, threads=1)
     env = make(cc.env_id, **cc.env_kwargs())
     trainer = conditions.build_trainer(condition, cc, seed, env)
     heldout = conditions.build_panel(cc, env)

@@ -105,7 +105,8 @@ class MicroBatcher:
                         await self._wake.wait()
                 except TimeoutError:
                     break
-            batch, rows = [], 0
+            batch: list[Any] = []
+            rows = 0
             for job in list(self._pending):
                 if job.key == first.key and (not batch or rows + len(job.inputs) <= self.max_batch):
                     batch.append(job)

@@ -29,6 +29,7 @@ from pathlib import Path
 from typing import Any
 
 from simpop.seat import SCENARIO_PERSONAS, Simulator, SimulatorSpec, inner_kind, kind
+from simpop.validation import check
 
 #: A spec string, a parsed spec, a list of them (uniform population) or a population mapping.
 SpecLike = str | SimulatorSpec | Sequence[Any] | Mapping[str, Any]
@@ -140,11 +141,14 @@ def load_panel(path_or_data: str | Path | Mapping[str, Any], env: Any = None,
     if not isinstance(data, Mapping) or "members" not in data:
         raise ValueError(f"{path_or_data}: a panel is a mapping with 'members' (a list of specs, or name: spec) "
                          f"and an optional 'name'")
+    owner = f"panel {path_or_data}" if not isinstance(path_or_data, Mapping) else "panel"
+    name = check(owner, "name", str, data.get("name", "heldout"))
+    members = check(owner, "members", list[str] | dict[str, str], data["members"])
     from simpop.simulators.population import check_name
 
-    for name in data["members"] if isinstance(data["members"], Mapping) else ():
-        check_name(name, "panel member")
-    return Panel(build_many(data["members"], env, backends), name=data.get("name", "heldout"))
+    for member in members if isinstance(members, Mapping) else ():
+        check_name(member, "panel member")
+    return Panel(build_many(members, env, backends), name=name)
 
 
 def check_fits(spec: SimulatorSpec, env: Any, env_id: str | None = None) -> None:

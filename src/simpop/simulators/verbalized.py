@@ -346,7 +346,7 @@ def _flat_objects(text: str) -> list[Any]:
     found = []
     for match in _FLAT_OBJECT.finditer(text):
         chunk = _TRAILING_COMMA.sub(r"\1", match.group(0))
-        for attempt in (lambda: json.loads(chunk), lambda: ast.literal_eval(_pythonish(chunk))):
+        for attempt in (lambda chunk=chunk: json.loads(chunk), lambda chunk=chunk: ast.literal_eval(_pythonish(chunk))):
             try:
                 value = attempt()
             except (ValueError, TypeError, SyntaxError, MemoryError, RecursionError):

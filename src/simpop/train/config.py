@@ -4,8 +4,8 @@ A trainer config documents every field in its class docstring's Google-style ``A
 :func:`add_arguments` turns each field into a ``--flag`` (type, default and help from that
 documentation), and :func:`build` makes the config from a YAML file plus the flags the user gave
 (flags win; fields given nowhere keep the dataclass default). Every value is checked against its field's type
-first (:func:`check_value`), so a YAML ``"false"`` never becomes True and a wrong type is a ``ValueError`` that
-names the field::
+first (:func:`simpop.validation.check`, the one validator), so a YAML ``"false"`` never becomes True and a wrong
+type is a ``ValueError`` that names the field::
 
     parser = argparse.ArgumentParser()
     add_arguments(parser, GRPOConfig)
@@ -18,13 +18,13 @@ from __future__ import annotations
 import argparse
 import dataclasses
 import inspect
-import math
-import numbers
 import re
 import types
 import typing
 from pathlib import Path
 from typing import Any, Literal, TypeVar
+
+from simpop.validation import check
 
 T = TypeVar("T")
 
@@ -73,10 +73,10 @@ def add_arguments(parser: argparse.ArgumentParser, cls: type, skip: tuple[str, .
     for f in dataclasses.fields(cls):
         if f.name in skip:
             continue
-        default = f.default if f.default is not dataclasses.MISSING else f.default_factory()  # type: ignore[misc]
+        default = f.default if f.default is not dataclasses.MISSING else f.default_factory()  # type: ignore[operator,misc]
         kind, optional = _unwrap_optional(hints[f.name])
         if dataclasses.is_dataclass(kind):
-            add_arguments(parser, kind, prefix=f"{prefix}{f.name}.")
+            add_arguments(parser, kind, prefix=f"{prefix}{f.name}.")  # type: ignore[arg-type]  # a dataclass type
             continue
         kwargs: dict[str, Any] = {"default": argparse.SUPPRESS, "dest": prefix + f.name,
                                   "help": f"{docs[f.name]} (default: {default!r})".replace("%", "%%")}
@@ -116,86 +116,8 @@ def build(cls: type[T], args: argparse.Namespace | None = None, yaml_path: str |
     values.update(overrides)
     for name, value in values.items():
         if name in hints:  # an unknown name is the constructor's to refuse
-            values[name] = check_value(cls.__name__, name, hints[name], value)
+            values[name] = check(cls.__name__, name, hints[name], value)
     return cls(**values)
-
-
-def check_value(owner: str, name: str, hint: Any, value: Any) -> Any:
-    """``value`` for field ``name`` (annotated ``hint``) of the config class ``owner``, type-checked.
-
-    YAML and flags give loosely typed values; a dataclass does not check them, so this does before the
-    config is built. Booleans must be ``true``/``false`` (a quoted ``"false"`` is refused, not taken as
-    True); integers must be integers (not ``4.7``, not ``true``); numbers must be finite (``.inf`` and
-    ``.nan`` are refused). Numbers written as text are read as numbers (PyYAML reads ``1e-2``, without a
-    dot, as the string ``"1e-2"``). Tuples take a list. ``seed`` and ``*_seed`` fields must be >= 0 (numpy
-    and torch take no negative seeds). A nested config (a dataclass field) is checked by :func:`nested`.
-
-    Returns:
-        The value, converted where that is lossless (a numeric string to its number, a list to a tuple).
-
-    Raises:
-        ValueError: Naming ``owner``, the field and what it takes.
-    """
-    kind, optional = _unwrap_optional(hint)
-
-    def refuse(what: str) -> ValueError:
-        shown = f"{value!r} ({type(value).__name__})"
-        return ValueError(f"{owner}: {name} must be {what}{' or null' if optional else ''}, got {shown}")
-
-    if value is None:
-        if optional or kind is Any:
-            return None
-        raise refuse(_describe(kind))
-    if kind is Any or dataclasses.is_dataclass(kind):
-        return value
-    if typing.get_origin(kind) is tuple:
-        args = typing.get_args(kind)
-        if not isinstance(value, (list, tuple)):
-            raise refuse(f"a list (each item {_describe(args[0]) if args else 'a value'})")
-        if args and (len(args) == 2 and args[1] is Ellipsis):
-            return tuple(check_value(owner, f"{name}[{i}]", args[0], v) for i, v in enumerate(value))
-        return tuple(value)
-    if typing.get_origin(kind) is Literal:
-        choices = typing.get_args(kind)
-        if isinstance(value, bool) or value not in choices:
-            raise refuse("one of " + ", ".join(repr(c) for c in choices))
-        return value
-    if kind is bool:
-        if not isinstance(value, bool):
-            hint_text = " (a quoted string: write true or false without quotes)" if isinstance(value, str) else ""
-            raise ValueError(f"{owner}: {name} must be true or false, got {value!r}{hint_text}")
-        return value
-    if kind is int:
-        if isinstance(value, str) and re.fullmatch(r"\s*[+-]?\d+\s*", value):
-            value = int(value)
-        if isinstance(value, bool) or not isinstance(value, numbers.Integral):
-            raise refuse("an integer")
-        value = int(value)
-        if (name == "seed" or name.endswith("_seed")) and value < 0:
-            raise ValueError(f"{owner}: {name} must be >= 0 (seeds are non-negative integers), got {value}")
-        return value
-    if kind is float:
-        if isinstance(value, str):
-            try:
-                value = float(value)
-            except ValueError:
-                raise refuse("a number") from None
-        if isinstance(value, bool) or not isinstance(value, numbers.Real):
-            raise refuse("a number")
-        if not math.isfinite(value):
-            raise ValueError(f"{owner}: {name} must be a finite number, got {value}")
-        return float(value)
-    if kind is str:
-        if not isinstance(value, str):
-            raise refuse("a string")
-        return value
-    return value
-
-
-def _describe(kind: Any) -> str:
-    """How :func:`check_value` names a type in its errors."""
-    names = {bool: "true or false", int: "an integer", float: "a number", str: "a string"}
-    return names.get(kind, f"a {getattr(kind, '__name__', kind)}")
 
 
 def _merged(current: Any, dotted: str, value: Any) -> dict[str, Any]:
@@ -220,8 +142,8 @@ def nested(value: Any, cls: type[T], default: T) -> T:
     if unknown:
         raise ValueError(f"unknown {cls.__name__} fields {unknown}; valid fields: {', '.join(fields)}")
     hints = typing.get_type_hints(cls)
-    value = {k: check_value(cls.__name__, k, hints[k], v) for k, v in value.items()}
-    return dataclasses.replace(default, **value)
+    value = {k: check(cls.__name__, k, hints[k], v) for k, v in value.items()}
+    return dataclasses.replace(default, **value)  # type: ignore[type-var]  # default is a ``cls`` instance
 
 
 def load_yaml(path: str | Path, cls: type) -> dict[str, Any]:

@@ -84,6 +84,7 @@ from simpop.seat import Simulator, Trainable
 from simpop.simulators.population import CheckpointPool, Population
 from simpop.train.grpo import Batch, GRPOTrainer
 from simpop.train.objectives import truncated_is_weights
+from simpop.validation import check_fields
 
 
 #: Simulator objectives of co-training (module docstring).
@@ -175,6 +176,7 @@ class CoTrainConfig:
     sim_generator: bool = True
 
     def __post_init__(self) -> None:
+        check_fields(self)
         def need(ok: bool, message: str) -> None:
             if not ok:
                 raise ValueError(f"CoTrainConfig: {message}")

@@ -46,6 +46,7 @@ from simpop.agents.policy import ActPolicy, LLMPolicy
 from simpop.rollout import RolloutEngine, RolloutStats, Trajectory
 from simpop.seat import Simulator
 from simpop.train import objectives
+from simpop.validation import check_fields
 
 
 # =================================================================================== configuration
@@ -111,6 +112,7 @@ class GRPOConfig:
     tis_cap: float = 2.0
 
     def __post_init__(self) -> None:
+        check_fields(self)
         def need(ok: bool, message: str) -> None:
             if not ok:
                 raise ValueError(f"GRPOConfig: {message}")
@@ -322,7 +324,7 @@ class GRPOTrainer:
             self.optimizer.step()
             stats = {**sums, "grad_norm": grad_norm}
         self.update_count += 1
-        sync = self.policy.sync_generator() if self.text else {}  # type: ignore[union-attr]
+        sync = self.policy.sync_generator() if self.text else {}  # type: ignore[union-attr,operator]
         rewards, rollout = batch.rewards, batch.stats
         metrics = {
             "reward_mean": float(rewards.mean()),
@@ -339,6 +341,8 @@ class GRPOTrainer:
             "update_s": time.perf_counter() - start,
             "steps_per_s": rollout.env_steps / rollout.total_s if rollout.total_s > 0 else 0.0,
             **batch.extra,
+            # Ray: waves the driver ran itself because a worker failed (cumulative; see simpop.rollout_ray)
+            **{k: float(v) for k, v in getattr(self.engine, "fallbacks", {}).items()},
         }
         if c.log_entropy:
             metrics["policy_entropy"] = stats["entropy"]
@@ -380,7 +384,7 @@ class GRPOTrainer:
     def _forward(self, unit: dict[str, Any]) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor | None]:
         """``(log-probs, entropies, KL to the reference or None)`` per unit, with gradient."""
         if self.text:
-            scores = self.policy.score(unit["sequences"], unit["masks"])  # type: ignore[union-attr]
+            scores = self.policy.score(unit["sequences"], unit["masks"])  # type: ignore[union-attr,operator]
             kl = None
             if "reference" in unit:
                 delta = unit["reference"] - scores.logprobs
@@ -395,7 +399,7 @@ class GRPOTrainer:
     def _reference(self, unit: dict[str, Any]) -> torch.Tensor:
         """Reference log-probs: per token (text) or the whole action distribution (act level)."""
         if self.text:
-            return self.policy.reference_logprobs(unit["sequences"], unit["masks"])  # type: ignore[union-attr]
+            return self.policy.reference_logprobs(unit["sequences"], unit["masks"])  # type: ignore[union-attr,operator]
         assert self.reference is not None
         return self.reference.log_probs(unit["obs"])
 
@@ -414,7 +418,7 @@ class GRPOTrainer:
         self.rng.bit_generator.state = state["rng"]
         self.update_count = int(state["update_count"])
         if self.text:
-            self.policy.sync_generator()  # type: ignore[union-attr]  # the generator serves the loaded weights
+            self.policy.sync_generator()  # type: ignore[union-attr,operator]  # the generator serves the loaded weights
 
 
 def _group_indices(trajectories: list[Trajectory], start: int) -> list[list[int]]:

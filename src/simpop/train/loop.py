@@ -8,6 +8,8 @@ call it. A run folder holds::
     metrics.jsonl       one line per update ({"step", "kind": "train", ...}) and per evaluation ("kind": "eval")
     tb/                 TensorBoard scalars of the same (when TensorBoard is installed and enabled)
     checkpoints/        atomic step_<k>.pt files, the newest ``keep_checkpoints`` kept
+    config.yaml         the policy's ``model`` and ``grpo`` sections, and run.json (trainer, env): what
+    run.json            ``simpop eval --policy run:DIR`` rebuilds the policy from (:func:`write_run_card`)
 
 With ``evaluate``, the policy is evaluated before the first update (step 0, checkpointed so that a resumed
 run does not repeat it), every ``eval_every`` updates and after the last. A killed run resumed from its
@@ -29,6 +31,7 @@ from pathlib import Path
 from typing import Any, Protocol, runtime_checkable
 
 from simpop import checkpoint
+from simpop.validation import check_fields
 
 
 @runtime_checkable
@@ -90,6 +93,7 @@ class LoopConfig:
     on_collapse: str = "warn"
 
     def __post_init__(self) -> None:
+        check_fields(self)
         from simpop.train.monitor import ON_COLLAPSE
 
         for key in ("save_every", "keep_checkpoints", "eval_every", "probe_every", "probe_episodes"):
@@ -107,6 +111,27 @@ Probe = Callable[[int], dict[str, float]]
 #: ``grow(step, warning_record) -> record``: what ``on_collapse="add-simulators"`` calls (what it added, logged).
 Grow = Callable[[int, dict[str, Any]], dict[str, Any]]
 _MONITOR_KEY = "collapse_monitor"
+
+
+def write_run_card(run_dir: str | Path, info: dict[str, Any], model: Any, grpo: Any) -> None:
+    """Write a run folder's ``config.yaml`` (``model`` and ``grpo`` sections) and ``run.json`` (``info``: trainer,
+    env, ...), as ``simpop train`` does, for run folders the experiments train: ``simpop eval --policy run:DIR``
+    rebuilds the policy from them. The experiments write it on every start and resume (so a resume fills in a
+    folder trained before it existed)."""
+    import json
+
+    import yaml
+
+    from simpop.train.config import to_dict
+
+    run_dir = Path(run_dir)
+    run_dir.mkdir(parents=True, exist_ok=True)
+    for name, text in (("config.yaml", yaml.safe_dump({"model": to_dict(model), "grpo": to_dict(grpo)},
+                                                      sort_keys=False)),
+                       ("run.json", json.dumps(info, indent=2) + "\n")):
+        tmp = run_dir / f".{name}.tmp"
+        tmp.write_text(text)
+        tmp.replace(run_dir / name)
 
 
 def run(trainer: Trainer, updates: int, run_dir: str | Path | None = None, *, config: LoopConfig | None = None,
@@ -149,7 +174,7 @@ def run(trainer: Trainer, updates: int, run_dir: str | Path | None = None, *, co
         raise ValueError("on_collapse='add-simulators' needs grow=... (a failure-driven simulator generator)")
     run_dir = Path(run_dir) if run_dir is not None else None
     start, resumed = 0, False
-    if resume and (found := checkpoint.load_latest(run_dir)) is not None:
+    if resume and run_dir is not None and (found := checkpoint.load_latest(run_dir)) is not None:
         _, start, state = found
         monitor_state = state.pop(_MONITOR_KEY, None)
         trainer.load_state_dict(state)
@@ -179,6 +204,7 @@ def run(trainer: Trainer, updates: int, run_dir: str | Path | None = None, *, co
         """Probe when due and judge; True when the run must stop."""
         if monitor is None or step % config.probe_every != 0:
             return False
+        assert probe is not None  # checked at the start
         record = monitor.observe_probe(step, probe(step))
         log(step, {"kind": "probe", **record})
         if not record["warning_fired_now"]:
@@ -186,6 +212,7 @@ def run(trainer: Trainer, updates: int, run_dir: str | Path | None = None, *, co
         log(step, {"kind": "collapse_warning", "action": config.on_collapse,
                    **{k: v for k, v in record.items() if k.startswith("indicator/")}})
         if config.on_collapse == "add-simulators":
+            assert grow is not None  # checked at the start
             log(step, {"kind": "pool_growth", **grow(step, record)})
         return config.on_collapse == "stop"
 
@@ -205,7 +232,7 @@ def run(trainer: Trainer, updates: int, run_dir: str | Path | None = None, *, co
             log(step, {"kind": "train", **metrics})
             stop = watch(step)
             evaluated = evaluate is not None and (step % config.eval_every == 0 or step == updates or stop)
-            if evaluated:
+            if evaluate is not None and evaluated:
                 log(step, {"kind": "eval", **evaluate(step)})
             if evaluated or step % config.save_every == 0 or step == updates or stop:
                 save(step)

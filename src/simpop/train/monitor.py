@@ -59,6 +59,8 @@ from typing import Any
 
 import numpy as np
 
+from simpop.validation import check_fields
+
 log = logging.getLogger(__name__)
 
 #: What the loop does when the monitor fires.
@@ -86,6 +88,7 @@ class MonitorRule:
     require: tuple[str, ...] = ()
 
     def __post_init__(self) -> None:
+        check_fields(self)
         unknown = sorted(set(self.require) - set(INDICATORS))
         if unknown:
             raise ValueError(f"MonitorRule: require names unknown indicators {unknown}; choose from {INDICATORS}")

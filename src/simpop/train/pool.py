@@ -20,6 +20,7 @@ from typing import Any
 import numpy as np
 
 from simpop.simulators.population import Panel, Population
+from simpop.validation import check_fields
 
 
 @dataclass(frozen=True)
@@ -43,6 +44,7 @@ class PoolConfig:
     weight_floor: float = 0.05
 
     def __post_init__(self) -> None:
+        check_fields(self)
         for key in ("cap", "grow_count", "probe_episodes", "min_dialogues"):
             if getattr(self, key) < 1:
                 raise ValueError(f"PoolConfig: {key} must be >= 1, got {getattr(self, key)}")

@@ -41,6 +41,7 @@ import torch
 from torch import nn
 
 from simpop.seat import Simulator
+from simpop.validation import check_fields
 
 
 @dataclass(frozen=True)
@@ -78,6 +79,7 @@ class PPOConfig:
     seed: int = 0
 
     def __post_init__(self) -> None:
+        check_fields(self)
         def need(ok: bool, message: str) -> None:
             if not ok:
                 raise ValueError(f"PPOConfig: {message}")
@@ -204,7 +206,7 @@ class PPOTrainer:
         """``n_steps`` steps of every env with the current policy."""
         c = self.config
         shape = (c.n_steps, c.n_envs)
-        buf = {"obs": np.zeros((*shape, self.obs.shape[1]), np.float32), "actions": np.zeros(shape, np.int64),
+        buf: dict[str, np.ndarray] = {"obs": np.zeros((*shape, self.obs.shape[1]), np.float32), "actions": np.zeros(shape, np.int64),
                "logprobs": np.zeros(shape, np.float32), "values": np.zeros(shape, np.float32),
                "rewards": np.zeros(shape, np.float32), "dones": np.zeros(shape, np.float32),
                "next_values": np.zeros(shape, np.float32)}

@@ -169,7 +169,7 @@ def test_act_decisions_terminate(ee_act, amount, reward):
 def test_act_truncates_after_max_turns():
     env = PersuasionActEnv(max_turns=3)
     env.reset(seed=0)
-    for turn in range(3):
+    for _turn in range(3):
         env.step({ER: act_index("logical-appeal")})
         _, rewards, terms, truncs, infos = env.step({EE: encode_persuadee_action("acknowledgement")})
     assert truncs[ER] and not terms[ER] and rewards[ER] == 0.0

@@ -7,7 +7,6 @@ import numpy as np
 import pytest
 
 import simpop  # noqa: F401  (registers the ids with gymnasium)
-from simpop.envs.dialogue import parse_observation
 from simpop.envs.persuasion.acts import PERSUADER_ACTS, render_persuader
 from simpop.envs.persuasion.env import PersuasionActEnv, PersuasionEnv, decode_persuadee_action
 from simpop.envs.persuasion.model import CORPUS_DONOR_RATE, CORPUS_MEAN_DONATION, reference_persuader

@@ -17,7 +17,6 @@ from simpop.envs.persuasion.model import PersuadeeModel
 from simpop.envs.persuasion.personas import modal_persona
 from simpop.envs.persuasion.simulators import ActPersuadee, TextPersuadee
 from simpop.envs.registration import spec
-from simpop.envs.wrappers import UserSeat
 from simpop.seat import SurveyAnswerer, survey_of
 
 ER, EE = "persuader", "persuadee"

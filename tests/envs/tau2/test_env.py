@@ -117,7 +117,7 @@ def test_openai_style_message_with_two_calls_runs_both():
 
 def test_empty_user_replies_end_the_episode_with_user_error():
     env = start("create_task_1", max_user_errors=3)
-    for i in range(2):
+    for _ in range(2):
         _, _, terminated, _, info = act(env, "")
         assert "empty" in info["invalid_action"] and not terminated and env.to_act == "user"
     _, reward, terminated, _, info = act(env, " ")
@@ -126,7 +126,7 @@ def test_empty_user_replies_end_the_episode_with_user_error():
 
 def test_repeated_user_replies_end_the_episode_with_user_error():
     env = start("create_task_1", max_user_repeats=3)
-    for i in range(2):
+    for _ in range(2):
         act(env, "I need a task.")
         _, _, terminated, _, _ = act(env, "Could you say more?")
         assert not terminated

@@ -44,3 +44,22 @@ def test_env_reward_equals_tau2_evaluator_on_the_same_trajectory(domain):
     assert len(rewards) >= 2
     if not domain.startswith("telecom"):  # replaying the gold actions solves these domains' tasks
         assert rewards == [1.0] * len(rewards)
+
+
+def test_the_reference_agent_solves_every_mock_task_but_the_ones_it_names():
+    """``--policy reference`` is the ceiling on every task except those ``gold_unreachable`` names, which the
+    panel card lists with the reason."""
+    from simpop.envs.tau2.simulators import gold_unreachable
+    from simpop.evaluation.panels import named_panels
+
+    env = Tau2Env("mock")
+    seat = UserSeat(env, ScriptedUser())
+    unreachable = []
+    for task_id in env.scenario_ids():
+        reward, terminated, _ = play_gold(seat, task_id)
+        why = gold_unreachable(env.scenario.task)
+        assert terminated and reward == (0.0 if why else 1.0), (task_id, why)
+        unreachable += [task_id] * bool(why)
+    assert unreachable == ["update_task_with_history_and_env_assertions"]
+    card = " ".join(named_panels()["tau2-mock-v1"].split())
+    assert all(task_id in card for task_id in unreachable) and "only an environment assertion" in card

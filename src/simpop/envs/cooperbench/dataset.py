@@ -102,7 +102,7 @@ def load_dataset(root: str | Path, repos: str | Path | None = None) -> Dataset:
 
 
 def _load_task(repo: str, task_dir: Path, repos_dir: Path | None) -> Task:
-    task_id = int(_TASK_DIR_RE.match(task_dir.name).group(1))
+    task_id = int(_TASK_DIR_RE.match(task_dir.name).group(1))  # type: ignore[union-attr]  # matched when listed
     features = {}
     for feature_dir in task_dir.iterdir():
         match = _FEATURE_DIR_RE.match(feature_dir.name)

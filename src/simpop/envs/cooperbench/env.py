@@ -272,7 +272,7 @@ class CooperBenchEnv(DialogueEnv):
 
     def _dirs(self, seat: str) -> set[str]:
         """Every directory of the seat's copy (``a``, ``a/b`` for ``a/b/c.py``)."""
-        dirs = set()
+        dirs: set[str] = set()
         for path in self._files(seat):
             parts = path.split("/")
             dirs.update("/".join(parts[:i]) for i in range(1, len(parts)))

@@ -21,7 +21,10 @@ Semantics follow upstream CooperBench (``cooperbench.eval.sandbox.test_merged``)
    starts loads :mod:`~simpop.envs.cooperbench.pytest_guard`. A feature passes if the script exits
    0 and the guard recorded at least one passing test, no failed or erroring test, every session
    finished with status 0, and no tampering; the counts come from the guard, not from the output
-   (which the tested code can forge). Success = both pass.
+   (which the tested code can forge). Success = both pass. The evaluator's own failures are no verdict:
+   an interpreter that is missing or cannot run pytest in the sandbox (checked once per interpreter), or a
+   test script that could not run a command (exit 126/127 before any pytest session), raise
+   :class:`EvaluatorError` instead of scoring the agents 0.
 
 **Conflict rule** (``conflict_rule``), for merges that are not clean:
 
@@ -73,6 +76,15 @@ GIT_LIMITS = sandbox.Limits(timeout_s=120.0, max_output_bytes=4 * 2**20)
 _SUMMARY_RE = re.compile(r"^=*\s*(\d+ [a-z]+(?:, \d+ [a-z]+)*) in [\d.]+s\b.*$")
 _COUNT_RE = re.compile(r"(\d+) (passed|failed|errors?)\b")
 _EPOCH = "2000-01-01T00:00:00+0000"
+
+
+class EvaluatorError(RuntimeError):
+    """The evaluator's own environment failed (no interpreter, no pytest, a command the test script needs
+    is missing): not the agents' work, so there is no verdict and no reward, rather than a 0."""
+
+
+#: Exit codes of a shell that could not run a command (126: not executable, 127: not found).
+_SHELL_CANNOT_RUN = (126, 127)
 
 
 @dataclass
@@ -195,6 +207,7 @@ class Evaluator:
         self.conflict_rule = conflict_rule
         self.python = python or sys.executable
         self.tail_chars = tail_chars
+        self._checked: set[str] = set()  # interpreters shown to run pytest inside the sandbox
 
     # ----------------------------------------------------------------- public API
     def evaluate(self, task: Task, feature1: int, feature2: int, patch1: str, patch2: str) -> PairResult:
@@ -285,7 +298,7 @@ class Evaluator:
             return MergeResult({"agent1": "applied", "agent2": "applied"}, {}, "identical", "skip-merge-identical",
                                patches["agent1"])
         repo = ws.clone("merge")
-        status = {}
+        status: dict[str, str] = {}
         for seat in ("agent1", "agent2"):
             ws.git(repo, "checkout", "-q", "-b", seat, ws.base_sha, check=True)
             if seat in rejected:
@@ -361,14 +374,18 @@ class Evaluator:
                "TMPDIR": str(home / "tmp"), "LANG": "C.UTF-8", "PYTHONDONTWRITEBYTECODE": "1",
                "PYTHONHASHSEED": "0", "PYTEST_ADDOPTS": "-p no:cacheprovider", "PYTEST_PLUGINS": GUARD_MODULE,
                "SIMPOP_PYTEST_GUARD": str(record), "PYTHONPATH": ":".join(paths)}
+        self._check_interpreter(repo, env, [repo, home])
         argv = ["bash", str(script), *task.tests.args(repo, tests_patch, feature_patch)]
         result = sandbox.run(argv, repo, self.limits, env, writable=[repo, home],
                              readable=[script, patches, ws.source], outputs=[record])
         passed, failed, problems = guard_verdict(record.read_text(errors="replace") if record.is_file() else "")
+        if not (result.timed_out or result.output_limited) and "no pytest session ran" in problems and (
+                result.exit_code is None or result.exit_code in _SHELL_CANNOT_RUN):
+            raise EvaluatorError(f"{task.key} feature {feature_id}: {task.tests.name} could not run a command in "
+                                 f"the sandbox ({result.describe()}): "
+                                 + (" ".join(result.tail(300).split()) or "no output"))
         error = None
-        if result.exit_code is None and not (result.timed_out or result.output_limited):
-            error = result.output.strip()[-500:] or "the test script did not start"
-        elif result.exit_code not in (0, None) and not problems:
+        if result.exit_code not in (0, None) and not problems:
             error = f"{task.tests.name} exited with code {result.exit_code}"
         if problems and error is None and not (result.timed_out or result.output_limited):
             error = "; ".join(dict.fromkeys(problems))[:1000]
@@ -379,6 +396,21 @@ class Evaluator:
                              timed_out=result.timed_out, output_limited=result.output_limited,
                              disk_full=result.disk_full, error=error,
                              output_tail=result.tail(self.tail_chars))
+
+
+    def _check_interpreter(self, cwd: Path, env: dict[str, str], writable: list[Path]) -> None:
+        """Raise :class:`EvaluatorError` unless ``python -m pytest`` runs in a test run's sandbox (once per
+        interpreter; ``python`` is the evaluator's, through the tools folder first on ``PATH``)."""
+        with _CHECK_LOCK:
+            if self.python in self._checked:
+                return
+            if not os.access(self.python, os.X_OK):
+                raise EvaluatorError(f"the test interpreter {self.python} does not exist or is not executable")
+            probe = sandbox.run(["python", "-m", "pytest", "--version"], cwd, self.limits, env, writable=writable)
+            if not probe.ok:
+                raise EvaluatorError(f"the test interpreter {self.python} cannot run pytest in the sandbox "
+                                     f"({probe.describe()}): " + (" ".join(probe.tail(300).split()) or "no output"))
+            self._checked.add(self.python)
 
 
 def guard_verdict(record: str) -> tuple[int, int, list[str]]:
@@ -493,6 +525,7 @@ class _Workspace:
 _BASES: dict[str, tuple[Path, str]] = {}
 _BASES_LOCK = threading.Lock()
 _TOOLS_LOCK = threading.Lock()
+_CHECK_LOCK = threading.Lock()
 _BASE_ROOT: Path | None = None
 
 

@@ -24,6 +24,7 @@ the run (see :mod:`simpop.envs.cooperbench.evaluator`).
 import json
 import os
 import sys
+from typing import Any
 
 import _pytest.outcomes
 import _pytest.python
@@ -53,11 +54,11 @@ _PROTOCOL_HOOKS = ("pytest_runtest_protocol", "pytest_runtest_setup", "pytest_ru
                    "pytest_runtest_teardown", "pytest_runtest_makereport", "pytest_runtest_logreport",
                    "pytest_pyfunc_call", "pytest_report_teststatus", "pytest_sessionfinish",
                    "pytest_collection_modifyitems", "pytest_terminal_summary")
-_TRUSTED_DIRS = tuple(os.path.dirname(os.path.realpath(m.__file__)) + os.sep for m in (_pytest.outcomes, pytest))
+_TRUSTED_DIRS = tuple(os.path.dirname(os.path.realpath(str(m.__file__))) + os.sep for m in (_pytest.outcomes, pytest))
 _SKIP = _pytest.outcomes.Skipped
 _XFAIL = _pytest.outcomes.XFailed
-_known_plugins = set()
-_outcomes = {}
+_known_plugins: set[Any] = set()
+_outcomes: dict[Any, Any] = {}
 
 
 def _record(event: str, **data) -> None:

@@ -26,7 +26,8 @@ model-written code) goes through :func:`run`:
   - *reads*: only the system directories (``/usr``, ``/bin``, ``/sbin``, ``/lib*``, ``/etc``
     with ``shadow``/``gshadow``/``sudoers``/``ssh``/``ssl/private`` masked), the ``PATH`` and
     ``PYTHONPATH`` entries, the prefixes of the Python interpreters found on ``PATH`` (a venv and
-    its base installation), and the paths the caller lists as ``readable``, all read-only. The
+    its base installation), and the paths the caller lists as ``readable``, all read-only, with
+    the symlinks on the way to them recreated (a venv folder that is a symlink resolves). The
     rest of the host (``/root``, ``/home``, the host's ``/tmp``, ``/var``, ``/sys``, other
     projects) is absent. ``/proc`` is a fresh, read-only procfs of the run's own PID namespace, so
     other processes' ``cmdline``/``environ`` cannot be read; ``/dev`` holds only ``null``, ``zero``,
@@ -66,6 +67,8 @@ import time
 import uuid
 from dataclasses import dataclass
 from pathlib import Path
+
+from simpop.validation import check_fields
 
 #: Environment variable that tags every process of one run (the fallback child-killing mechanism).
 MARKER_VAR = "SIMPOP_SANDBOX_RUN"
@@ -149,6 +152,7 @@ if cfg["guard"]:
         keep.append(place("/tmp", True))
         mount(scratch + "/tmp", keep[-1], None, MS_BIND)
         for link, target in view["links"]:
+            os.makedirs(os.path.dirname(new + link), exist_ok=True)
             os.symlink(target, new + link)
         for path in view["readable"]:
             mount(path, place(path, os.path.isdir(path)), None, MS_BIND | MS_REC)
@@ -297,6 +301,7 @@ class Limits:
     network: bool = False
 
     def __post_init__(self) -> None:
+        check_fields(self)
         if self.timeout_s <= 0:
             raise ValueError(f"timeout_s must be > 0, got {self.timeout_s}")
         if self.max_output_bytes < 1024:
@@ -352,7 +357,7 @@ def capabilities() -> Capabilities:
     without overlays, then the older read-only remount; the first that runs a command is used."""
     if not (shutil.which("unshare") and shutil.which("setpriv") and sys.platform.startswith("linux")):
         return Capabilities(namespaces=False, pids_cgroup=None)
-    refused = []
+    refused: list[str] = []
     for private_root, overlay in ((True, True), (True, False), (False, False)):
         caps = Capabilities(namespaces=True, pids_cgroup=None, private_root=private_root, disk_quota=overlay)
         with _scratch_dir() as probe_dir:
@@ -429,6 +434,34 @@ def _python_prefixes(directory: str) -> list[str]:
     return prefixes
 
 
+def _symlinks_on(path: str) -> list[tuple[str, str]]:
+    """Every symlink met while resolving ``path``, as (location, target as written), in the order met.
+
+    Each location's parent is a resolved directory, so recreating these links in the private root
+    (next to the resolved paths, which are mounted) makes ``path`` resolve there as it does on the
+    host: a venv folder that is a symlink, a bin/python chain into another disk.
+    """
+    links: list[tuple[str, str]] = []
+    pending, current = list(Path(path).parts[1:]), "/"
+    while pending and len(links) < 64:
+        name = pending.pop(0)
+        if name in ("", "."):
+            continue
+        if name == "..":
+            current = os.path.dirname(current)
+            continue
+        candidate = os.path.join(current, name)
+        if not os.path.islink(candidate):
+            current = candidate
+            continue
+        target = os.readlink(candidate)
+        links.append((candidate, target))
+        pending = list(Path(target).parts[1:] if os.path.isabs(target) else Path(target).parts) + pending
+        if os.path.isabs(target):
+            current = "/"
+    return links
+
+
 def _view(root: Path, status: Path, env: dict[str, str], writable: list[Path], readable: list[Path],
           outputs: list[Path], limits: Limits, overlay: bool) -> dict:
     """The private root's configuration for the wrapper (every path resolved, existing, host-side)."""
@@ -448,6 +481,14 @@ def _view(root: Path, status: Path, env: dict[str, str], writable: list[Path], r
         if path != "/" and not _under(path, reads) and not _under(path, writes):
             reads.append(path)
     masked = [p for p in MASKED_PATHS if _under(p, reads) and not os.path.islink(p) and os.path.exists(p)]
+    # Symlinks on the way to what is visible (outside the mounted trees, which carry their own).
+    pythons = [e.path for d in search if os.path.isdir(d) for e in os.scandir(d) if e.name.startswith("python")]
+    placed = {link for link, _ in links}
+    for path in wanted + pythons:
+        for link, target in _symlinks_on(path):
+            if link not in placed and not _under(link, reads) and not _under(link, writes):
+                placed.add(link)
+                links.append((link, target))
     outs = list(dict.fromkeys(os.path.realpath(p) for p in outputs))
     quota = limits.max_disk_bytes
     return {"root": str(root), "status": str(status), "links": links, "readable": reads, "masked": masked,

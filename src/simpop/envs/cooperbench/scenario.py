@@ -8,7 +8,7 @@ It is made of a :class:`Task` (a repository at a base commit), two of the task's
 from __future__ import annotations
 
 import re
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from pathlib import Path
 
 from simpop.envs.cooperbench.actions import ACTIONS_HELP

@@ -33,7 +33,7 @@ import logging
 import math
 from dataclasses import dataclass, replace
 from pathlib import Path
-from typing import Iterable, Iterator
+from collections.abc import Iterable, Iterator
 
 import numpy as np
 
@@ -261,13 +261,13 @@ def _utterances(table: _Table, labelled: bool) -> dict[str, list[Utterance]]:
     for row, record in table.records():
         if not any(v.strip() for v in record.values()):
             continue
-        role = int(table.number(record, "B4", row))
+        role = int(table.number(record, "B4", row))  # type: ignore[arg-type]  # required: never None
         if role not in ROLES:
             raise CorpusError(f"{table.path.name}: row {row}, column 'B4' has {record['B4']!r}; expected 0 or 1")
         labels = tuple(_normalise_label(record[c]) for c in label_columns[role] if record[c].strip().lower()
                        not in _MISSING)
         out.setdefault(record["B2"].strip(), []).append(
-            Utterance(int(table.number(record, "Turn", row)), ROLES[role], record["Unit"], labels))
+            Utterance(int(table.number(record, "Turn", row)), ROLES[role], record["Unit"], labels))  # type: ignore[arg-type]
     return out
 
 
@@ -300,7 +300,7 @@ def load_corpus(directory: str | Path) -> Corpus:
     rows: dict[str, dict[int, tuple[dict[str, str], int]]] = {}
     for row, record in info.records():
         if record["B2"].strip():
-            rows.setdefault(record["B2"].strip(), {})[int(info.number(record, "B4", row))] = (record, row)
+            rows.setdefault(record["B2"].strip(), {})[int(info.number(record, "B4", row))] = (record, row)  # type: ignore[arg-type]
 
     fill = _imputation(info, [roles[1] for dialogue_id, roles in rows.items() if dialogue_id in utterances
                               and 1 in roles], persona_columns)
@@ -324,7 +324,7 @@ def load_corpus(directory: str | Path) -> Corpus:
                            f"${TASK_PAYMENT:g})")
             continue
         persona, missing = _persona(info, record, row, persona_columns, fill)
-        persuader, persuader_missing = None, ()
+        persuader, persuader_missing = None, tuple[str, ...]()
         if 0 in roles:
             persuader, persuader_missing = _persona(info, *roles[0], persona_columns, fill)
         persuader_row = roles[0][1] if 0 in roles else 0

@@ -118,8 +118,8 @@ def read_survey_answer(answer: Any) -> SurveyAnswer:
     if bare:
         value = float(bare["num"]) / (100.0 if (bare["unit"] or "").lower() in ("cent", "cents", "¢") else 1.0)
         value = -value if bare["sign"] else value
-        if _level(value) is not None:
-            return SurveyAnswer(_level(value), "strict")
+        if (level := _level(value)) is not None:
+            return SurveyAnswer(level, "strict")
         if not 0.0 <= value <= MAX_DONATION:
             return SurveyAnswer(0.0, "fallback", f"off-scale amount {text!r} (the options are $0-$2)")
         return SurveyAnswer(_nearest_option(value), "lenient")

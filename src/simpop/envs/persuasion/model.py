@@ -33,7 +33,7 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass, field, fields, replace
-from typing import Sequence
+from collections.abc import Sequence
 
 import numpy as np
 
@@ -170,7 +170,7 @@ class PersuadeeParams:
         return np.concatenate([np.atleast_1d(np.asarray(getattr(self, n), dtype=float)) for n in _vector_fields()])
 
     @classmethod
-    def from_vector(cls, vector: Sequence[float] | np.ndarray) -> "PersuadeeParams":
+    def from_vector(cls, vector: Sequence[float] | np.ndarray) -> PersuadeeParams:
         """Inverse of :meth:`to_vector` (raises if a bounded parameter is out of range: clip with :meth:`bounds`)."""
         vector = np.asarray(vector, dtype=float)
         sizes = cls.sizes()
@@ -181,7 +181,7 @@ class PersuadeeParams:
             chunk = vector[start:start + size]
             values[name] = float(chunk[0]) if name in _SCALARS else tuple(float(v) for v in chunk)
             start += size
-        return cls(**values)
+        return cls(**values)  # type: ignore[arg-type]  # each name gets its field's kind (scalar or tuple)
 
     @classmethod
     def sizes(cls) -> dict[str, int]:
@@ -310,7 +310,7 @@ class PersuadeeModel:
             out.append((("disagree-donation", 0.0), 1.0 - donate))
         else:
             probs = self.response_probabilities(state.inclination, act, temperature)
-            out = [((ee, None), float(q)) for ee, q in zip(PERSUADEE_ACTS, probs)]
+            out = [((ee, None), float(q)) for ee, q in zip(PERSUADEE_ACTS, probs)]  # type: ignore[misc]  # no amount
         return [(o, float(q)) for o, q in out if q > 0]
 
     def respond(self, state: PersuadeeState, act: str, rng: np.random.Generator, temperature: float = 1.0) -> Outcome:

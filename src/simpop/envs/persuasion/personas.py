@@ -8,8 +8,9 @@ categorical demographics spelled as in ``full_info.csv`` (e.g. ``"Less than four
 from __future__ import annotations
 
 import math
+from collections.abc import Mapping, Sequence
 from dataclasses import asdict, dataclass, fields
-from typing import Any, Mapping, Sequence
+from typing import Any
 
 import numpy as np
 
@@ -84,7 +85,7 @@ class Persona:
     ideology: str
 
     @classmethod
-    def from_mapping(cls, values: Mapping[str, Any]) -> "Persona":
+    def from_mapping(cls, values: Mapping[str, Any]) -> Persona:
         """Build a persona from ``{attribute: value}``; numbers are converted and checked against scales.
 
         Raises:
@@ -255,7 +256,7 @@ class PersonaSampler:
         self._tables = {n: (self.marginals[n].support(n), self.marginals[n].probabilities(n)) for n in PERSONA_FIELDS}
 
     @classmethod
-    def uniform(cls) -> "PersonaSampler":
+    def uniform(cls) -> PersonaSampler:
         """A sampler over the same value grids with every attribute uniform: a population that reaches the
         extremes as often as the middle (the robustness panel's personas, not P4G's participants)."""
         sampler = cls()

@@ -6,7 +6,6 @@ import logging
 import time
 from typing import Any, ClassVar
 
-from gymnasium import spaces
 
 from simpop.envs.dialogue import NESTED_TOO_DEEP, NOT_UNICODE, DialogueEnv, Outcome, TextSpace, Turn, is_unicode
 from simpop.envs.tau2 import domains as t2
