@@ -106,6 +106,12 @@ def configure(parser: argparse.ArgumentParser) -> None:
         run.add_argument("--simulator", action="append", default=None, metavar="SPEC",
                          help=f"user-seat simulator spec (default {entry.default_simulator}); repeat it for a uniform "
                               "population (cotrain: one trainable spec, built population-size times); see simpop.seat")
+        run.add_argument("--population-rule", default="uniform",
+                         choices=["uniform", "weighted", "prioritised", "rotate"],
+                         help="how a population of several --simulator specs picks a member per dialogue "
+                              "(simpop.simulators.population.Population); rotate: members take turns")
+        run.add_argument("--rotate-every", type=int, default=0, metavar="N",
+                         help="--population-rule rotate: the next member every N updates (0: round robin per dialogue)")
         run.add_argument("--panel", help="held-out simulators to evaluate on every --eval-every updates: a named "
                                          "panel (simpop.evaluation.panels, e.g. p4g-act-v1) or a panel YAML file "
                                          "(see simpop.simulators.registry)")
@@ -141,7 +147,7 @@ def run(args: argparse.Namespace) -> int:
         kwargs = parse_env_args(args.env_arg)
         env = simpop.make(args.env, **kwargs)
         simulator = args.simulator or [entry.default_simulator]
-        spec: Any = simulator[0] if len(simulator) == 1 else simulator
+        spec: Any = population_spec(simulator, args.population_rule, args.rotate_every)
         check_simulator_fits(spec, env, args.env)
         panel = resolve_panel(args.panel, args.env) if args.panel else ""
         trainer = _load(entry.build)(args.env, env, spec, configs, kwargs)
@@ -211,6 +217,9 @@ def build_grpo(env_id: str, env: Any, spec: Any, configs: dict[str, Any], kwargs
     policy = build_policy(env, configs["model"], grpo.sampling(), grpo.seed)
     trainer = GRPOTrainer(env_id, policy, build_simulator(spec, env), grpo, env_kwargs=kwargs)
     if configs["rollout"].ray:  # the waves run in Ray workers that build their own envs and simulator from spec
+        if isinstance(spec, dict) and spec.get("rule") == "rotate":
+            raise ValueError("--ray builds a population in every worker, so a rotation's schedule would not be one; "
+                             "run --population-rule rotate without --ray")
         from simpop.rollout_ray import RayRolloutEngine, import_ray
 
         try:
@@ -366,6 +375,22 @@ def check_out_dir(out: Path, flag: str = "--out") -> None:
         raise ValueError(f"{flag} {out}: cannot write in {existing.absolute()} ({error.strerror or error})") from None
 
 
+def population_spec(simulators: list[str], rule: str, rotate_every: int) -> Any:
+    """The ``--simulator`` specs as one spec: a single spec, a uniform population (a list) or a population
+    mapping with another rule (:func:`simpop.simulators.registry.build_simulator`)."""
+    if rotate_every < 0:
+        raise ValueError(f"--rotate-every must be >= 0 (0: round robin per dialogue), got {rotate_every}")
+    if rotate_every and rule != "rotate":
+        raise ValueError("--rotate-every only applies with --population-rule rotate")
+    if rule != "uniform" and len(simulators) < 2:
+        raise ValueError(f"--population-rule {rule} needs a population: repeat --simulator (e.g. one spec per model)")
+    if len(simulators) == 1:
+        return simulators[0]
+    if rule == "uniform":
+        return list(simulators)
+    return {"members": list(simulators), "rule": rule, **({"rotate_every": rotate_every} if rule == "rotate" else {})}
+
+
 def check_simulator_fits(spec: Any, env: Any, env_id: str) -> None:
     """Refuse, before any rollout, simulator specs that write text (LLM kinds) for an env whose user seat takes
     discrete acts (``frozen:smollm2`` on ``simpop/PersuasionAct-v0``)."""
@@ -375,7 +400,8 @@ def check_simulator_fits(spec: Any, env: Any, env_id: str) -> None:
 
     if not isinstance(env.action_space(env.user_seat), spaces.Discrete):
         return
-    specs = [spec] if isinstance(spec, str) else list(spec) if isinstance(spec, (list, tuple)) else []
+    specs = ([spec] if isinstance(spec, str) else list(spec) if isinstance(spec, (list, tuple))
+             else list(spec.get("members", [])) if isinstance(spec, dict) else [])
     for text in specs:
         if not isinstance(text, str):
             continue
