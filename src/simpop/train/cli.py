@@ -82,6 +82,12 @@ TRAINERS: dict[str, TrainerEntry] = {
                              "model": _MODEL, "loop": _LOOP},
                             "simpop.train.cli:build_cotrain", default_simulator="trainable:persuadee",
                             summary=("reward_mean", "success", "policy_entropy", "sim_success", "sim_kl", "sim_loss")),
+    "selfplay": TrainerEntry("self-play GRPO: the policy also fills the user seat (--simulator self or self@pool)",
+                             {"grpo": "simpop.train.grpo:GRPOConfig", "selfplay": "simpop.train.selfplay:SelfPlayConfig",
+                              "model": _MODEL, "loop": _LOOP},
+                             "simpop.train.cli:build_selfplay", default_simulator="self",
+                             summary=("reward_mean", "success", "user/reward_mean", "user/success", "loss",
+                                      "user/loss")),
     "ppo": TrainerEntry("PPO on the policy seat of an act-level env", {"ppo": "simpop.train.ppo:PPOConfig",
                                                                        "loop": _LOOP},
                         "simpop.train.cli:build_ppo",
@@ -253,6 +259,18 @@ def build_cotrain(env_id: str, env: Any, spec: Any, configs: dict[str, Any], kwa
     return CoTrainer(GRPOTrainer(env_id, policy, None, grpo, env_kwargs=kwargs), simulators, configs["cotrain"])
 
 
+def build_selfplay(env_id: str, env: Any, spec: Any, configs: dict[str, Any], kwargs: dict[str, Any]):
+    from simpop.agents.policy import build_policy
+    from simpop.train.selfplay import SELF_KINDS, SelfPlayTrainer
+
+    if spec not in SELF_KINDS:
+        raise ValueError(f"selfplay's user seat is the policy: --simulator {' or '.join(SELF_KINDS)}, got {spec!r}")
+    grpo, model = configs["grpo"], configs["model"]
+    policy = build_policy(env, model, grpo.sampling(), grpo.seed)
+    return SelfPlayTrainer(env_id, policy, spec, grpo, configs["selfplay"], env_kwargs=kwargs,
+                           hidden_size=model.hidden_size)
+
+
 def build_ppo(env_id: str, env: Any, spec: Any, configs: dict[str, Any], kwargs: dict[str, Any]):
     from simpop.simulators.registry import build_simulator
     from simpop.train.ppo import PPOTrainer
@@ -403,7 +421,7 @@ def check_simulator_fits(spec: Any, env: Any, env_id: str) -> None:
     specs = ([spec] if isinstance(spec, str) else list(spec) if isinstance(spec, (list, tuple))
              else list(spec.get("members", [])) if isinstance(spec, dict) else [])
     for text in specs:
-        if not isinstance(text, str):
+        if not isinstance(text, str) or text in ("self", "self@pool"):  # self-play: the policy, not a kind
             continue
         parsed = SimulatorSpec.parse(text)
         if kind(parsed.kind).needs_model and inner_kind(parsed.kind, parsed.model) is None:
