@@ -11,6 +11,7 @@ import torch
 import simpop
 from simpop.agents.policy import ModelConfig, build_policy
 from simpop.evaluation.metrics import WALL_CLOCK_KEYS
+from simpop.seat import Simulator
 from simpop.train import loop
 from simpop.train.grpo import Batch, GRPOConfig
 from simpop.train.selfplay import SelfPlayConfig, SelfPlayTrainer
@@ -149,3 +150,36 @@ def test_text_self_trains_the_llm_on_both_seats_and_self_at_pool_only_on_the_pol
         assert kept.name == restored.name
         for (k, a), b in zip(kept.policy.lora.state_dict().items(), restored.policy.lora.state_dict().values()):
             assert torch.equal(a, b), k
+
+
+class _Scripted(Simulator):
+    """A policy-seat player with the Simulator contract: act ``slot mod 14``, remembering what it was given."""
+
+    name = "scripted"
+
+    def __init__(self):
+        self.scenarios, self.calls = [], []
+
+    def reset_batch(self, scenarios, rngs):
+        self.scenarios = list(scenarios)
+        self.draws = [int(r.integers(1000)) for r in rngs]
+
+    def act_batch(self, observations, slots):
+        self.calls.append(list(slots))
+        return [slot % 14 for slot in slots]
+
+
+def test_a_simulator_can_play_the_policy_seat_of_the_rollout_engine():
+    from simpop.envs.persuasion.simulators import native_act
+    from simpop.rollout import RolloutEngine
+
+    runs = []
+    for _ in range(2):
+        player = _Scripted()
+        engine = RolloutEngine(ACT, player, native_act(simpop.make(ACT)))
+        trajectories = engine.collect(3, group_size=2, seed=5)
+        runs.append((player.draws, [t.actions["persuader"] for t in trajectories]))
+        assert len(player.scenarios) == 6 and all(s.id == t.scenario_id for s, t in zip(player.scenarios, trajectories))
+        for slot, t in enumerate(trajectories):
+            assert set(t.actions["persuader"]) == {slot % 14}  # each dialogue got its own slot's actions
+    assert runs[0] == runs[1]  # seeded: the same generators, the same dialogues
