@@ -183,3 +183,25 @@ def test_a_simulator_can_play_the_policy_seat_of_the_rollout_engine():
         for slot, t in enumerate(trajectories):
             assert set(t.actions["persuader"]) == {slot % 14}  # each dialogue got its own slot's actions
     assert runs[0] == runs[1]  # seeded: the same generators, the same dialogues
+
+
+@pytest.mark.slow
+def test_simpop_train_selfplay_and_rotation_from_the_command_line(tmp_path, capsys):
+    from simpop.cli import main
+
+    common = ["--env", ACT, "--no-progress", "--no-export", "--group-size", "2", "--scenarios-per-update", "2",
+              "--env-arg", "max_turns=4", "--hidden-size", "8", "--updates", "2", "--no-tensorboard"]
+    assert main(["train", "selfplay", *common, "--out", str(tmp_path / "sp"), "--user-reward", "opposed"]) == 0
+    records = [json.loads(line) for line in (tmp_path / "sp" / "metrics.jsonl").read_text().splitlines()]
+    assert len(records) == 2 and {"reward_mean", "user/reward_mean", "user/loss"} <= set(records[-1])
+    assert main(["train", "grpo", *common, "--out", str(tmp_path / "rot"), "--simulator", "persuadee",
+                 "--simulator", "persuadee:shuffled-0", "--population-rule", "rotate", "--rotate-every", "1"]) == 0
+    records = [json.loads(line) for line in (tmp_path / "rot" / "metrics.jsonl").read_text().splitlines()]
+    assert [r["rotation_member"] for r in records] == ["persuadee", "persuadee:shuffled-0"]
+    capsys.readouterr()
+    for bad, message in ((["selfplay", "--simulator", "persuadee"], "selfplay's user seat is the policy"),
+                         (["selfplay", "--simulator", "self@pool"], "self@pool is text-level only"),
+                         (["grpo", "--population-rule", "rotate"], "needs a population")):
+        assert main(["train", bad[0], *common, "--out", str(tmp_path / "bad"), *bad[1:]]) == 2
+        err = capsys.readouterr().err.strip()
+        assert message in err and len(err.splitlines()) == 1
