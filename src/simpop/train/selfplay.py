@@ -174,15 +174,18 @@ class SelfPlayTrainer:
             if isinstance(player, PolicySeat):
                 player.clear()
         batch = self.policy_trainer.collect()
-        metrics: dict[str, Any] = _outcomes([t.total_reward for t in batch.trajectories],
-                                            [t.success for t in batch.trajectories], batch.groups)
+        metrics: dict[str, Any] = {
+            **_outcomes([t.total_reward for t in batch.trajectories], [t.success for t in batch.trajectories],
+                        batch.groups),
+            "policy_turns": float(np.mean([t.policy_turns for t in batch.trajectories])),
+            "user_rejected": float(sum(t.user_rejected for t in batch.trajectories)), "rollout_s": batch.stats.total_s}
         if self.config.policy_trainable and self.player is None:
             metrics = self.policy_trainer.update(batch)
         elif self.config.policy_trainable:
             rows = self._rows(self.player, batch, batch.advantages, user=False)
             if rows.trajectories:
                 update = self.policy_trainer.update(rows)
-                metrics.update({k: update[k] for k in _TRAIN_METRICS if k in update})
+                metrics.update({k: update[k] for k in (*_TRAIN_METRICS, "update_s") if k in update})
         metrics.update({f"user/{k}": v for k, v in self._user_step(batch).items()})
         self.update_count += 1
         if self.pool is not None:
