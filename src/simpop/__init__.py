@@ -1,6 +1,6 @@
 """simpop: train multi-turn LLM agents against populations of user simulators.
 
-``simpop.make(env_id)`` builds a two-seat PettingZoo env; after ``import simpop``,
+``simpop.make(env_id)`` builds a two-seat PettingZoo env (``api="aec"``: its AEC view); after ``import simpop``,
 ``gymnasium.make(env_id, simulator=...)`` builds the single-agent view of its policy seat.
 """
 

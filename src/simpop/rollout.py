@@ -10,7 +10,10 @@ The policy seat is either
 - a :class:`~simpop.agents.policy.TokenPolicy` (a text LLM policy over a
   :class:`~simpop.agents.base.TokenBackend`): the
   engine keeps its token ids exactly as generated (token-in, token-out), see :class:`TokenLedger`; or
-- anything with ``act_batch(observations, rng) -> actions`` (act-level policies, scripted baselines).
+- anything with ``act_batch(observations, rng) -> actions`` (act-level policies, scripted baselines); or
+- a :class:`~simpop.seat.Simulator` (self-play: an LLM playing the policy seat through the env's text format,
+  :mod:`simpop.simulators.self_seat`): it gets ``reset_batch`` with each env's scenario and a generator spawned
+  from the wave's, then ``act_batch(observations, slots)``.
 
 The user seat is any :class:`~simpop.seat.Simulator`: at the start of a wave it gets
 ``reset_batch`` with each env's scenario and ``env.user_rng()`` (slot ``i`` = the wave's ``i``-th
@@ -281,7 +284,7 @@ class RolloutEngine:
         stats: Timing and counts of the last :meth:`run` (inside vs outside model calls).
     """
 
-    def __init__(self, env: str | Callable[[], DialogueEnv], policy: TokenPolicy | BatchPolicy,
+    def __init__(self, env: str | Callable[[], DialogueEnv], policy: TokenPolicy | BatchPolicy | Simulator,
                  simulator: Simulator, n_envs: int | None = None, env_kwargs: dict[str, Any] | None = None):
         if n_envs is not None and n_envs < 1:
             raise ValueError(f"n_envs must be >= 1 (or None for all dialogues at once), got {n_envs}")
@@ -294,7 +297,7 @@ class RolloutEngine:
             if env_kwargs:
                 raise ValueError("env_kwargs only apply when env is an id; bind them in your env factory")
             self.env_fn = env
-        if not isinstance(policy, (TokenPolicy, BatchPolicy)):
+        if not isinstance(policy, (TokenPolicy, BatchPolicy, Simulator)):
             raise TypeError(f"policy must be a TokenPolicy (backend, sampling, generate_ids, system_prompt) or have "
                             f"act_batch(observations, rng); got {type(policy).__name__}")
         self.policy = policy
@@ -371,6 +374,8 @@ class RolloutEngine:
                                    [env.user_rng() for env in envs[:len(jobs)]])
         for d in dialogues:
             d.trajectory.simulator = self.simulator.member(d.slot).name
+        if isinstance(self.policy, Simulator):
+            self.policy.reset_batch([env.scenario for env in envs[:len(jobs)]], rng.spawn(len(jobs)))
 
         while live := [d for d in dialogues if not d.done]:
             policy_turns = [d for d in live if d.env.to_act == d.env.policy_seat]
@@ -394,6 +399,12 @@ class RolloutEngine:
 
     def _policy_act(self, turns: list[_Dialogue], rng: np.random.Generator) -> list[Any]:
         seat = turns[0].env.policy_seat
+        if isinstance(self.policy, Simulator):
+            t0 = time.perf_counter()
+            actions = self.policy.act_batch([d.observations[seat] for d in turns], [d.slot for d in turns])
+            self.stats.policy_s += time.perf_counter() - t0
+            self.stats.policy_calls += 1
+            return list(actions)
         if self._delta is None:
             t0 = time.perf_counter()
             actions = self.policy.act_batch([d.observations[seat] for d in turns], rng)  # type: ignore[union-attr]

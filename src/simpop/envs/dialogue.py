@@ -280,6 +280,12 @@ class DialogueEnv(ParallelEnv, ABC):
         """Release resources (the base holds none)."""
         pass
 
+    def aec(self):
+        """This env's AEC view (PettingZoo ``parallel_to_aec``; :mod:`simpop.envs.aec`)."""
+        from simpop.envs.aec import to_aec
+
+        return to_aec(self)
+
     # ----------------------------------------------------------------- helpers for subclasses
     @property
     def last_error(self) -> dict[str, str]:

@@ -77,18 +77,27 @@ def spec(id: str) -> EnvSpec:
         raise KeyError(f"unknown env id {id!r}; registered ids: {', '.join(ids())}") from None
 
 
-def make(id: str, **kwargs: Any):
+def make(id: str, api: Literal["parallel", "aec"] = "parallel", **kwargs: Any):
     """Build the PettingZoo env registered as ``id``; keyword arguments override the defaults.
+
+    ``api="aec"`` returns its AEC view (:mod:`simpop.envs.aec`) instead of the parallel env.
 
     Raises:
         TypeError: An argument the constructor does not take, or a value of the wrong type for its
             annotation (``max_turns="abc"``), naming the argument.
     """
+    if api not in ("parallel", "aec"):
+        raise ValueError(f"api must be 'parallel' or 'aec', got {api!r}")
     s = spec(id)
     factory = load(s.entry_point)
     kwargs = dict(kwargs)
     check_arguments(id, factory, kwargs)
-    return factory(**{**s.kwargs, **kwargs})
+    env = factory(**{**s.kwargs, **kwargs})
+    if api == "aec":
+        from simpop.envs.aec import to_aec
+
+        return to_aec(env)
+    return env
 
 
 def check_arguments(id: str, factory: Any, kwargs: dict[str, Any]) -> None:

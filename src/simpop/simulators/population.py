@@ -30,7 +30,7 @@ import numpy as np
 from simpop.seat import Simulator
 from simpop.seat import SimulatorSpec
 
-RULES = ("uniform", "weighted", "prioritised")
+RULES = ("uniform", "weighted", "prioritised", "rotate")
 
 
 @dataclass
@@ -70,6 +70,11 @@ class Population(Simulator):
       prior, ``f_i = (failures + 1) / (n + 2)`` (0.5 before any feedback), then
       ``q_i ∝ w_i * f_i`` is mixed with a floor so that no member starves:
       ``p_i = min_probability + (1 - K * min_probability) * q_i``.
+    - ``rotate``: no draw; members take turns in order. With ``rotate_every = 0`` round robin per dialogue
+      (the ``n``-th dialogue started is driven by member ``n mod K``); with ``rotate_every = N >= 1`` every
+      dialogue of update ``u`` (0-based) is driven by member ``(u // N) mod K``, where the trainer ends each
+      update with :meth:`end_update`. The position is part of :meth:`pool_state`, so a resumed run continues
+      the schedule exactly. Members may be any kinds, models and backends (multi-model rotation).
 
     A dialogue counts as a failure when the policy's reward is ``<= failure_threshold``.
 
@@ -80,14 +85,19 @@ class Population(Simulator):
         window: Finished dialogues remembered per member for ``prioritised``.
         min_probability: Floor of every member's probability under ``prioritised`` (K * floor <= 1).
         failure_threshold: Rewards at or below it are failures.
+        rotate_every: Under ``rotate``: 0 = round robin per dialogue, N >= 1 = the next member every N updates.
         name: Name in logs.
     """
 
     def __init__(self, members: Sequence[Simulator], weights: Sequence[float] | None = None,
                  rule: str = "uniform", *, window: int = 50, min_probability: float = 0.05,
-                 failure_threshold: float = 0.0, name: str = "population"):
+                 failure_threshold: float = 0.0, rotate_every: int = 0, name: str = "population"):
         if rule not in RULES:
             raise ValueError(f"unknown population rule {rule!r}; choose one of {', '.join(RULES)}")
+        if isinstance(rotate_every, bool) or not isinstance(rotate_every, int) or rotate_every < 0:
+            raise ValueError(f"rotate_every must be an integer >= 0 (0: round robin per dialogue), got {rotate_every!r}")
+        self.rotate_every = rotate_every
+        self.position = 0  # under rotate: dialogues started (rotate_every = 0) or updates ended (>= 1)
         if window < 1:
             raise ValueError(f"window must be >= 1, got {window}")
         if min_probability < 0:
@@ -139,10 +149,11 @@ class Population(Simulator):
         return self._entries.pop(index).simulator
 
     def pool_state(self) -> dict[str, Any]:
-        """The members' names, weights and recorded outcomes and contributions, and the rule (for checkpoints)."""
-        return {"rule": self.rule, "members": [{"name": e.simulator.name, "weight": e.weight,
-                                                "outcomes": list(e.outcomes), "groups": [list(g) for g in e.groups]}
-                                               for e in self._entries]}
+        """The members' names, weights and recorded outcomes and contributions, the rule and the rotation position
+        (for checkpoints)."""
+        return {"rule": self.rule, "rotate_every": self.rotate_every, "position": self.position,
+                "members": [{"name": e.simulator.name, "weight": e.weight, "outcomes": list(e.outcomes),
+                             "groups": [list(g) for g in e.groups]} for e in self._entries]}
 
     def load_pool_state(self, state: Mapping[str, Any], build: Callable[[str], Simulator]) -> None:
         """Restore :meth:`pool_state`: members kept by name, missing ones made by ``build(name)``, order, weights
@@ -160,6 +171,7 @@ class Population(Simulator):
         if not entries:
             raise ValueError("a saved population state has no members")
         self._entries, self.rule = entries, state["rule"]
+        self.rotate_every, self.position = int(state.get("rotate_every", 0)), int(state.get("position", 0))
 
     # ----------------------------------------------------------------- contributions
     def record_groups(self, members: Sequence[str], groups: Sequence[Any], rewards: Sequence[float],
@@ -250,7 +262,9 @@ class Population(Simulator):
         if not self._entries:
             raise ValueError(f"population {self.name!r} has no members")
         k = len(self._entries)
-        if self.rule == "uniform":
+        if self.rule == "rotate" and self.rotate_every:
+            return [float(i == self.rotation_index()) for i in range(k)]
+        if self.rule in ("uniform", "rotate"):  # round robin per dialogue: each member's long-run share
             return [1.0 / k] * k
         weights = np.array(self._weights(), dtype=float)
         if self.rule == "prioritised":
@@ -265,12 +279,45 @@ class Population(Simulator):
     def _weights(self) -> list[float]:
         return [e.weight for e in self._entries]
 
+    # ----------------------------------------------------------------- rotation
+    def rotation_index(self, offset: int = 0) -> int:
+        """Under ``rotate``: the index of the member that drives the next dialogue (``offset`` dialogues later)."""
+        if self.rotate_every:
+            return (self.position // self.rotate_every) % len(self._entries)
+        return (self.position + offset) % len(self._entries)
+
+    def end_update(self, members: Sequence[str], successes: Sequence[bool]) -> dict[str, Any]:
+        """End one training update whose dialogues were driven by ``members`` (leaf names) with ``successes``.
+
+        Under ``rotate`` it advances a per-update schedule and returns the update's record: ``rotation_member``
+        (who played; a per-dialogue round robin names each member that did) and ``rotation_success/<member>``;
+        under the other rules it does nothing and returns ``{}``.
+        """
+        if self.rule != "rotate":
+            return {}
+        if len(members) != len(successes):
+            raise ValueError(f"end_update needs one success per dialogue; got {len(members)} and {len(successes)}")
+        played = list(dict.fromkeys(members))
+        record: dict[str, Any] = {"rotation_member": played[0] if len(played) == 1 else played}
+        for name in played:
+            record[f"rotation_success/{name}"] = float(np.mean([s for m, s in zip(members, successes) if m == name]))
+        if self.rotate_every:
+            self.position += 1
+        return record
+
     # ----------------------------------------------------------------- Simulator
     def reset_batch(self, scenarios: list[Any], rngs: list[np.random.Generator]) -> None:
         if len(scenarios) != len(rngs):
             raise ValueError(f"reset_batch got {len(scenarios)} scenarios but {len(rngs)} generators")
-        p = self.probabilities()
-        chosen = [self._entries[int(rng.choice(len(p), p=p))] for rng in rngs]
+        if not self._entries:
+            raise ValueError(f"population {self.name!r} has no members")
+        if self.rule == "rotate":
+            chosen = [self._entries[self.rotation_index(i)] for i in range(len(rngs))]
+            if not self.rotate_every:
+                self.position += len(rngs)
+        else:
+            p = self.probabilities()
+            chosen = [self._entries[int(rng.choice(len(p), p=p))] for rng in rngs]
         self._slots = []
         for entry in self._entries:
             mine = [i for i, e in enumerate(chosen) if e is entry]
@@ -314,7 +361,8 @@ class Population(Simulator):
         leaves = leaf_simulators([self])
         return SimulatorSpec("population", "+".join(sorted({s.spec.model for s in leaves})),
                              "+".join(sorted({s.spec.personas for s in leaves})),
-                             extra={"rule": self.rule, "members": ",".join(s.name for s in self.members)})
+                             extra={"rule": self.rule, "members": ",".join(s.name for s in self.members),
+                                    **({"rotate_every": self.rotate_every} if self.rule == "rotate" else {})})
 
 
 @runtime_checkable

@@ -13,6 +13,8 @@ native kinds next to its env registration (:mod:`simpop.envs`). Examples::
     build_simulator("trainable:persuadee", env=env)                       # co-trainable persuadee
     build_simulator(["persuadee?temperature=0.8", "frozen:smollm2"], env=env)   # a uniform population
     build_simulator({"members": [...], "weights": [2, 1], "rule": "prioritised"}, env=env)
+    build_simulator({"members": ["frozen:smollm2", "frozen:openai:gpt-4o-mini"], "rule": "rotate",
+                     "rotate_every": 5}, env=env)                      # multi-model rotation, every 5 updates
 
 Panel YAML::
 
@@ -118,14 +120,14 @@ def _population(spec: Sequence[Any] | Mapping[str, Any], context: Context, name:
     from simpop.simulators.population import Population
 
     options = dict(spec) if isinstance(spec, Mapping) else {"members": list(spec)}
-    unknown = sorted(set(options) - {"members", "weights", "rule", "name"})
+    unknown = sorted(set(options) - {"members", "weights", "rule", "rotate_every", "name"})
     if unknown:
-        raise ValueError(f"unknown population field(s) {unknown}; valid: members, weights, rule, name")
+        raise ValueError(f"unknown population field(s) {unknown}; valid: members, weights, rule, rotate_every, name")
     if not options.get("members"):
         raise ValueError("a population needs a non-empty 'members' list of simulator specs")
     members = build_many(options["members"], context.env, context.backends)
     return Population(members, options.get("weights"), options.get("rule", "uniform"),
-                      name=name or options.get("name", "population"))
+                      rotate_every=options.get("rotate_every", 0), name=name or options.get("name", "population"))
 
 
 def load_panel(path_or_data: str | Path | Mapping[str, Any], env: Any = None,

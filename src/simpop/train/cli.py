@@ -82,6 +82,12 @@ TRAINERS: dict[str, TrainerEntry] = {
                              "model": _MODEL, "loop": _LOOP},
                             "simpop.train.cli:build_cotrain", default_simulator="trainable:persuadee",
                             summary=("reward_mean", "success", "policy_entropy", "sim_success", "sim_kl", "sim_loss")),
+    "selfplay": TrainerEntry("self-play GRPO: the policy also fills the user seat (--simulator self or self@pool)",
+                             {"grpo": "simpop.train.grpo:GRPOConfig", "selfplay": "simpop.train.selfplay:SelfPlayConfig",
+                              "model": _MODEL, "loop": _LOOP},
+                             "simpop.train.cli:build_selfplay", default_simulator="self",
+                             summary=("reward_mean", "success", "user/reward_mean", "user/success", "loss",
+                                      "user/loss")),
     "ppo": TrainerEntry("PPO on the policy seat of an act-level env", {"ppo": "simpop.train.ppo:PPOConfig",
                                                                        "loop": _LOOP},
                         "simpop.train.cli:build_ppo",
@@ -106,6 +112,12 @@ def configure(parser: argparse.ArgumentParser) -> None:
         run.add_argument("--simulator", action="append", default=None, metavar="SPEC",
                          help=f"user-seat simulator spec (default {entry.default_simulator}); repeat it for a uniform "
                               "population (cotrain: one trainable spec, built population-size times); see simpop.seat")
+        run.add_argument("--population-rule", default="uniform",
+                         choices=["uniform", "weighted", "prioritised", "rotate"],
+                         help="how a population of several --simulator specs picks a member per dialogue "
+                              "(simpop.simulators.population.Population); rotate: members take turns")
+        run.add_argument("--rotate-every", type=int, default=0, metavar="N",
+                         help="--population-rule rotate: the next member every N updates (0: round robin per dialogue)")
         run.add_argument("--panel", help="held-out simulators to evaluate on every --eval-every updates: a named "
                                          "panel (simpop.evaluation.panels, e.g. p4g-act-v1) or a panel YAML file "
                                          "(see simpop.simulators.registry)")
@@ -141,7 +153,7 @@ def run(args: argparse.Namespace) -> int:
         kwargs = parse_env_args(args.env_arg)
         env = simpop.make(args.env, **kwargs)
         simulator = args.simulator or [entry.default_simulator]
-        spec: Any = simulator[0] if len(simulator) == 1 else simulator
+        spec: Any = population_spec(simulator, args.population_rule, args.rotate_every)
         check_simulator_fits(spec, env, args.env)
         panel = resolve_panel(args.panel, args.env) if args.panel else ""
         trainer = _load(entry.build)(args.env, env, spec, configs, kwargs)
@@ -221,6 +233,9 @@ def build_grpo(env_id: str, env: Any, spec: Any, configs: dict[str, Any], kwargs
     policy = build_policy(env, configs["model"], grpo.sampling(), grpo.seed)
     trainer = GRPOTrainer(env_id, policy, build_simulator(spec, env), grpo, env_kwargs=kwargs)
     if configs["rollout"].ray:  # the waves run in Ray workers that build their own envs and simulator from spec
+        if isinstance(spec, dict) and spec.get("rule") == "rotate":
+            raise ValueError("--ray builds a population in every worker, so a rotation's schedule would not be one; "
+                             "run --population-rule rotate without --ray")
         from simpop.rollout_ray import RayRolloutEngine, import_ray
 
         try:
@@ -252,6 +267,18 @@ def build_cotrain(env_id: str, env: Any, spec: Any, configs: dict[str, Any], kwa
     grpo = configs["grpo"]
     policy = build_policy(env, configs["model"], grpo.sampling(), grpo.seed)
     return CoTrainer(GRPOTrainer(env_id, policy, None, grpo, env_kwargs=kwargs), simulators, configs["cotrain"])
+
+
+def build_selfplay(env_id: str, env: Any, spec: Any, configs: dict[str, Any], kwargs: dict[str, Any]):
+    from simpop.agents.policy import build_policy
+    from simpop.train.selfplay import SELF_KINDS, SelfPlayTrainer
+
+    if spec not in SELF_KINDS:
+        raise ValueError(f"selfplay's user seat is the policy: --simulator {' or '.join(SELF_KINDS)}, got {spec!r}")
+    grpo, model = configs["grpo"], configs["model"]
+    policy = build_policy(env, model, grpo.sampling(), grpo.seed)
+    return SelfPlayTrainer(env_id, policy, spec, grpo, configs["selfplay"], env_kwargs=kwargs,
+                           hidden_size=model.hidden_size)
 
 
 def build_ppo(env_id: str, env: Any, spec: Any, configs: dict[str, Any], kwargs: dict[str, Any]):
@@ -376,19 +403,37 @@ def check_out_dir(out: Path, flag: str = "--out") -> None:
         raise ValueError(f"{flag} {out}: cannot write in {existing.absolute()} ({error.strerror or error})") from None
 
 
+def population_spec(simulators: list[str], rule: str, rotate_every: int) -> Any:
+    """The ``--simulator`` specs as one spec: a single spec, a uniform population (a list) or a population
+    mapping with another rule (:func:`simpop.simulators.registry.build_simulator`)."""
+    if rotate_every < 0:
+        raise ValueError(f"--rotate-every must be >= 0 (0: round robin per dialogue), got {rotate_every}")
+    if rotate_every and rule != "rotate":
+        raise ValueError("--rotate-every only applies with --population-rule rotate")
+    if rule != "uniform" and len(simulators) < 2:
+        raise ValueError(f"--population-rule {rule} needs a population: repeat --simulator (e.g. one spec per model)")
+    if len(simulators) == 1:
+        return simulators[0]
+    if rule == "uniform":
+        return list(simulators)
+    return {"members": list(simulators), "rule": rule, **({"rotate_every": rotate_every} if rule == "rotate" else {})}
+
+
 def check_simulator_fits(spec: Any, env: Any, env_id: str) -> None:
     """Refuse, before any rollout, simulator specs that write text (LLM kinds) for an env whose user seat takes
     discrete acts (``frozen:smollm2`` on ``simpop/PersuasionAct-v0``)."""
     from simpop.seat import SimulatorSpec
     from simpop.simulators.registry import check_fits
 
-    specs = [spec] if isinstance(spec, str) else list(spec) if isinstance(spec, (list, tuple)) else []
+    specs = ([spec] if isinstance(spec, str) else list(spec) if isinstance(spec, (list, tuple))
+             else list(spec.get("members", [])) if isinstance(spec, dict) else [])
     for text in specs:
-        if isinstance(text, str):
-            try:
-                check_fits(SimulatorSpec.parse(text), env, env_id)
-            except ValueError as error:
-                raise ValueError(f"--simulator {text}: {error}") from None
+        if not isinstance(text, str) or text in ("self", "self@pool"):  # self-play: the policy, not a kind
+            continue
+        try:
+            check_fits(SimulatorSpec.parse(text), env, env_id)
+        except ValueError as error:
+            raise ValueError(f"--simulator {text}: {error}") from None
 
 
 def build_configs(entry: TrainerEntry, args: argparse.Namespace) -> dict[str, Any]:

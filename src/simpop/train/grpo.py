@@ -45,6 +45,7 @@ from simpop.agents.base import SamplingParams
 from simpop.agents.policy import ActPolicy, LLMPolicy
 from simpop.rollout import RolloutEngine, RolloutStats, Trajectory
 from simpop.seat import Simulator
+from simpop.simulators.population import Population
 from simpop.train import objectives
 from simpop.validation import check_fields
 
@@ -344,6 +345,9 @@ class GRPOTrainer:
             # Ray: waves the driver ran itself because a worker failed (cumulative; see simpop.rollout_ray)
             **{k: float(v) for k, v in getattr(self.engine, "fallbacks", {}).items()},
         }
+        if isinstance(self.simulator, Population):  # a rotation logs who played and advances its schedule
+            played = batch.collected if batch.collected is not None else batch.trajectories
+            metrics.update(self.simulator.end_update([t.simulator for t in played], [t.success for t in played]))
         if c.log_entropy:
             metrics["policy_entropy"] = stats["entropy"]
         if self.external_generator:
@@ -404,10 +408,14 @@ class GRPOTrainer:
         return self.reference.log_probs(unit["obs"])
 
     def state_dict(self) -> dict[str, Any]:
-        """Policy, optimiser, trainer RNG and update counter (the global RNGs are saved by checkpoint.save)."""
-        return {"policy": self.policy.state_dict(), "optimizer": self.optimizer.state_dict(),
-                "rng": self.rng.bit_generator.state, "update_count": self.update_count,
-                "config": dataclasses.asdict(self.config)}
+        """Policy, optimiser, trainer RNG, update counter and, for a population, its state (rotation position,
+        recorded outcomes); the global RNGs are saved by checkpoint.save."""
+        state = {"policy": self.policy.state_dict(), "optimizer": self.optimizer.state_dict(),
+                 "rng": self.rng.bit_generator.state, "update_count": self.update_count,
+                 "config": dataclasses.asdict(self.config)}
+        if isinstance(self.simulator, Population):
+            state["population"] = self.simulator.pool_state()
+        return state
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
         """Restore the policy, optimiser, generator state and update count; a text policy then pushes the loaded
@@ -417,8 +425,15 @@ class GRPOTrainer:
         self.optimizer.load_state_dict(state["optimizer"])
         self.rng.bit_generator.state = state["rng"]
         self.update_count = int(state["update_count"])
+        if isinstance(self.simulator, Population) and "population" in state:
+            self.simulator.load_pool_state(state["population"], _not_a_member)
         if self.text:
             self.policy.sync_generator()  # type: ignore[union-attr,operator]  # the generator serves the loaded weights
+
+
+def _not_a_member(name: str) -> Simulator:
+    raise ValueError(f"the checkpoint's population has a member {name!r} that this run's population lacks; resume "
+                     f"with the simulators the run was started with")
 
 
 def _group_indices(trajectories: list[Trajectory], start: int) -> list[list[int]]:

@@ -189,10 +189,10 @@ class AdaptivePoolTrainer:
         """Restore the inner trainer and rebuild the pool's members from their specs."""
         from simpop.simulators.registry import build_simulator
 
-        self.inner.load_state_dict(state["inner"])
         specs = state["specs"]
-        self.training_simulator.load_pool_state(
+        self.training_simulator.load_pool_state(  # first: the inner trainer's population state names grown members
             state["pool"], lambda name: build_simulator(specs[name], self.env, self.backends, name=name))
+        self.inner.load_state_dict(state["inner"])
         if self.grower is not None:
             self.grower.probe_dialogues = state["probe_dialogues"]
             if state["grower_rng"] is not None:

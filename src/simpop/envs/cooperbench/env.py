@@ -110,9 +110,13 @@ class CooperBenchEnv(DialogueEnv):
     @property
     def text_format(self):
         """How an LLM simulator in the user seat reads observations and writes actions."""
+        return self.text_format_for(self.user_seat)
+
+    def text_format_for(self, seat: str):
+        """How an LLM in ``seat`` reads observations and writes actions (self-play: an LLM in both seats)."""
         from simpop.envs.cooperbench.simulators import CooperBenchFormat
 
-        return CooperBenchFormat(self.user_seat)
+        return CooperBenchFormat(seat)
 
     def scenario_ids(self) -> list[str]:
         return list(self._pairs)
