@@ -26,7 +26,8 @@ dialogues x 3 simulator turns, a 120-token first prompt growing by 64 tokens a t
 (random token ids, seeded; 1,296 scored-row tokens per simulator step). Sizes are small so that a run fits
 in ~20 minutes on 2 busy CPU cores.
 
-``adapter`` takes ``ROUNDS`` steps of one simulator too. Targets (issues 19, 29): cotrain_offload <= 1.3x adapter; tau2 <= 2 GB; grpo_ours <= 0.9x grpo_trl. ``--trim`` calls
+``adapter`` takes ``ROUNDS`` steps of one simulator too. Targets (issues 19, 29): cotrain_offload <= 1.3x
+adapter; tau2 <= 2 GB; grpo_ours <= 0.9x grpo_trl. ``--trim`` calls
 glibc's ``malloc_trim(0)`` after every step (returning freed heap pages to the system).
 
 Run ``PYTHONPATH=<tree>/src python benchmarks/memory.py`` to measure another checkout with the same script

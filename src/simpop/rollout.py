@@ -397,8 +397,21 @@ class RolloutEngine:
     def _run_vector_wave(self, wave: VectorWave, jobs: Sequence[Job], rng: np.random.Generator) -> list[Trajectory]:
         """:meth:`run_wave` with the env's array stepper: the same ticks, calls and trajectories."""
         wave.reset([job.seed for job in jobs], [job.scenario_id for job in jobs])
-        envs = wave.envs
-        self.simulator.reset_batch([env.scenario for env in envs], wave.user_rngs())
+        try:
+            self._step_vector_wave(wave, rng)
+        finally:
+            wave.finish()  # the envs as stepping them would have left them, even if a call raised
+        out = []
+        for slot, (job, env) in enumerate(zip(jobs, wave.envs)):
+            episode = wave.episode(slot)
+            out.append(Trajectory(job.scenario_id, job.group, job.seed, env.policy_seat, env.user_seat,
+                                  simulator=self.simulator.member(slot).name, **episode))
+            self.stats.user_rejected += episode["user_rejected"]
+        return out
+
+    def _step_vector_wave(self, wave: VectorWave, rng: np.random.Generator) -> None:
+        """The ticks of :meth:`run_wave`, on the wave's arrays."""
+        self.simulator.reset_batch([env.scenario for env in wave.envs], wave.user_rngs())
         while True:
             policy_rows, user_rows = wave.pending(0), wave.pending(1)
             if not len(policy_rows) and not len(user_rows):
@@ -422,14 +435,6 @@ class RolloutEngine:
             finished = np.sort(np.concatenate(ended))
             if len(finished):
                 self.simulator.feedback(finished.tolist(), wave.policy_return(finished))
-        wave.finish()
-        out = []
-        for slot, (job, env) in enumerate(zip(jobs, envs)):
-            episode = wave.episode(slot)
-            out.append(Trajectory(job.scenario_id, job.group, job.seed, env.policy_seat, env.user_seat,
-                                  simulator=self.simulator.member(slot).name, **episode))
-            self.stats.user_rejected += episode["user_rejected"]
-        return out
 
     def _policy_act(self, turns: list[_Dialogue], rng: np.random.Generator) -> list[Any]:
         seat = turns[0].env.policy_seat

@@ -76,7 +76,7 @@ def test_training_updates_are_bit_identical(monkeypatch: pytest.MonkeyPatch, con
     (b0, m0, t0), (b1, m1, t1) = run(False), run(True)
     for x, y in zip(b0, b1):
         assert_same(x, y)
-    strip = lambda ms: [{k: v for k, v in m.items() if not k.endswith("_s")} for m in ms]  # noqa: E731
+    strip = lambda ms: [{k: v for k, v in m.items() if not k.endswith("_s")} for m in ms]
     assert strip(m0) == strip(m1)
     assert t0 == t1
 
@@ -164,3 +164,27 @@ def test_policies_that_read_envs_step_each_env() -> None:
 
     assert RolloutEngine(ENV, Scripted(), ActPersuadee())._vector_wave([make(ENV)]) is not None
     assert RolloutEngine(ENV, ReadsEnvs(), ActPersuadee())._vector_wave([make(ENV)]) is None
+
+
+def test_a_wave_that_raises_leaves_the_envs_as_stepping_would(monkeypatch: pytest.MonkeyPatch) -> None:
+    """A policy that raises mid-wave: the envs hold the dialogues so far (evaluation keeps partial transcripts)."""
+    from simpop.envs.persuasion.simulators import ActPersuadee
+
+    class RaisesOnTurnThree(Scripted):
+        def act_batch(self, observations, rng):
+            if self.calls == 2:
+                raise ValueError("boom")
+            return super().act_batch(observations, rng)
+
+    jobs = [Job(sid, g, 50 + g) for g, sid in enumerate(make(ENV).scenario_ids()[:8])]
+    states = []
+    for vector in (False, True):
+        with monkeypatch.context() as m:
+            if not vector:
+                per_env(m)
+            engine = RolloutEngine(ENV, RaisesOnTurnThree(), ActPersuadee())
+            with pytest.raises(ValueError, match="boom"):
+                engine.run(jobs, np.random.default_rng(1))
+            states.append(transcripts(engine, len(jobs)))
+    assert states[0] == states[1]
+    assert any(t[0] for t in states[1]) and any(t[5] for t in states[1])  # partial transcripts, live dialogues

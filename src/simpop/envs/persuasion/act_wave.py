@@ -197,11 +197,15 @@ class ActWave:
                 "truncated": not terminated, "user_rejected": user_rejected}
 
     def finish(self) -> None:
-        """Leave every env as stepping it would have (the transcript is rendered when it is first read)."""
+        """Leave every env as stepping it would have, also when the wave stopped early (a policy or simulator
+        raised): the transcript so far is rendered when it is first read."""
         for row, env in enumerate(self.envs):
             n = int(self.steps[row])
             seats, codes = self.seat_log[row, :n].tolist(), self.code_log[row, :n].tolist()
-            env.steps, env.to_act, env.agents = n, None, []
+            to_act = int(self.to_act[row])
+            env.steps, env.to_act = n, None if to_act == DONE else self.seats[to_act]
+            if to_act == DONE:
+                env.agents = []
             last_error = self.errors.get((row, n - 1))
             env._errors = {self.seats[seats[-1]]: last_error} if last_error else {}
             if self.terminated[row]:
