@@ -5,11 +5,15 @@ the env has enough, drawn as :meth:`~simpop.rollout.RolloutEngine.collect` draws
 trials of every scenario (τ²'s ``--num-trials``). Every member gets the same scenarios, env seeds and policy
 sampling seeds (common random numbers: members differ only by the simulator).
 
-**Chunks.** A member's episodes run in chunks of ``concurrency`` dialogues, side by side in one wave of the
-:class:`~simpop.rollout.RolloutEngine` (one batched model call per seat per turn). Each chunk's policy
-generator is seeded from ``(seed, chunk)``, so a chunk gives the same dialogues whenever it runs. When a
-chunk finishes its records are appended to ``episodes.jsonl`` in one write (flushed and fsynced): a kill
-loses at most the chunk in flight.
+**Chunks, all members in one wave.** The plan runs in chunks of ``concurrency`` episodes; chunk ``c`` of every
+member runs as one wave of the :class:`~simpop.rollout.RolloutEngine` (``concurrency`` x members dialogues side by
+side, :class:`~simpop.simulators.panel_wave.PanelWave`): one batched policy call per tick for all members, and
+one simulator call per member per tick (side by side in threads with ``concurrent_members``, so members on one
+vLLM server are batched there together). Each chunk's policy generator is seeded from ``(seed, chunk)`` and
+each member starts its dialogues in the same order as alone, so a chunk gives the same dialogues whenever it
+runs; a policy that samples draws for all members' dialogues of a tick from that one generator. When a chunk
+finishes its records are appended to ``episodes.jsonl`` in one write (flushed and fsynced): a kill loses at
+most the chunk in flight.
 
 **Resume.** ``resume=True`` reads ``episodes.jsonl`` (a torn last line is dropped and the file rewritten
 without it), checks that the run's settings (``eval.json``) match, and skips every finished
@@ -19,8 +23,8 @@ uninterrupted one (for local models and native simulators; remote models are as 
 server). The summary is always computed from the file, in plan order.
 
 **Ray.** With ``ray`` (:class:`~simpop.rollout_ray.RayConfig`, ``simpop eval --ray``) the chunks run in Ray
-workers, one chunk per worker at a time, each with the generator it has locally, so the records are the same;
-each worker sends back its envs' transcripts. τ² envs stay local (their results files read the env's state).
+workers member by member, one chunk per worker at a time, each with the generator it has locally; each worker
+sends back its envs' transcripts. τ² envs stay local (their results files read the env's state).
 
 **Failures.** A policy or simulator that raises in a chunk does not end the evaluation: the chunk's
 episodes run again one at a time (each with its own seed), and an episode that still raises is recorded
@@ -54,6 +58,7 @@ from simpop.evaluation.metrics import wilson_ci
 from simpop.evaluation.panel import EnvPool, EpisodeRecord, begin_wave, episode_record, json_safe, transcript_of
 from simpop.rollout import Job, RolloutEngine, Trajectory
 from simpop.rollout_ray import RayConfig, RayRolloutEngine
+from simpop.simulators.panel_wave import PanelWave
 from simpop.simulators.population import Panel
 
 log = logging.getLogger(__name__)
@@ -114,7 +119,8 @@ def _seed(entropy: list[int]) -> int:
 def evaluate_panel(env_id: str, policy: Any, panel: Panel, *, episodes: int | None = None,
                    num_trials: int | None = None, seed: int = 0, out: str | Path, resume: bool = False,
                    concurrency: int = 8, env_kwargs: Mapping[str, Any] | None = None, progress: bool = False,
-                   policy_spec: str | None = None, ray: RayConfig | None = None) -> dict[str, Any]:
+                   policy_spec: str | None = None, ray: RayConfig | None = None,
+                   concurrent_members: bool = False) -> dict[str, Any]:
     """Evaluate ``policy`` on every member of ``panel`` and write the outputs to ``out`` (module docstring).
 
     Args:
@@ -130,7 +136,9 @@ def evaluate_panel(env_id: str, policy: Any, panel: Panel, *, episodes: int | No
         env_kwargs: Env constructor arguments.
         progress: Show a progress bar.
         policy_spec: How the policy was named (recorded and compared on resume).
-        ray: Run the chunks in Ray rollout workers when ``ray.ray`` (same records as locally).
+        ray: Run the chunks in Ray rollout workers when ``ray.ray`` (member by member).
+        concurrent_members: In a panel wave, run the members' model calls of a tick side by side in threads
+            (members that generate on a server, ``--sim-generator``).
 
     Returns:
         The summary (as written to ``summary.json``).
@@ -165,23 +173,25 @@ def evaluate_panel(env_id: str, policy: Any, panel: Panel, *, episodes: int | No
     errors = 0
     started = time.perf_counter()
     try:
-        for name, simulator in panel:
-            if ray is not None and ray.ray:
-                engine: RolloutEngine = RayRolloutEngine(lambda: make(env_id, **kwargs), policy, simulator,
-                                                         n_envs=concurrency, config=ray, env_view=env_view)
-            else:
-                engine = RolloutEngine(pool.factory(), policy, simulator, n_envs=concurrency)
-            todo = [(plan[c:c + concurrency], [seed, 3, c // concurrency]) for c in range(0, len(plan), concurrency)
-                    if any((name, e.scenario, e.trial) not in done for e in plan[c:c + concurrency])]
-            side_by_side = ray.ray_workers if isinstance(engine, RayRolloutEngine) and ray is not None else 1
-            for g in range(0, len(todo), side_by_side):
-                for records in _run_chunks(engine, pool, policy, name, todo[g:g + side_by_side]):
-                    new = [r for r in records if r.key not in done]
-                    append_records(path, new)
-                    done.update(r.key for r in new)
-                    errors += sum(r.error is not None for r in new)
-                    bar.update(len(new))
-            if isinstance(engine, RayRolloutEngine):
+        if ray is None or not ray.ray:
+            for new in _run_panel(pool, policy, panel, plan, concurrency, seed, done, concurrent_members):
+                append_records(path, new)
+                done.update(r.key for r in new)
+                errors += sum(r.error is not None for r in new)
+                bar.update(len(new))
+        else:
+            for name, simulator in panel:
+                engine = RayRolloutEngine(lambda: make(env_id, **kwargs), policy, simulator, n_envs=concurrency,
+                                          config=ray, env_view=env_view)
+                todo = [(plan[c:c + concurrency], [seed, 3, c // concurrency]) for c in range(0, len(plan), concurrency)
+                        if any((name, e.scenario, e.trial) not in done for e in plan[c:c + concurrency])]
+                for g in range(0, len(todo), ray.ray_workers):
+                    for records in _run_chunks(engine, pool, policy, name, todo[g:g + ray.ray_workers]):
+                        new = [r for r in records if r.key not in done]
+                        append_records(path, new)
+                        done.update(r.key for r in new)
+                        errors += sum(r.error is not None for r in new)
+                        bar.update(len(new))
                 engine.close()
     finally:
         bar.close()
@@ -277,6 +287,43 @@ def _run_chunk(engine: RolloutEngine, pool: EnvPool, policy: Any, member: str, c
             records.append(EpisodeRecord(member=member, scenario=e.scenario, trial=e.trial, index=e.index,
                                          seed=e.seed, transcript=partial, error=message, turns=len(partial),
                                          policy_turns=sum(t["seat"] == env.policy_seat for t in partial)))
+    return records
+
+
+def _run_panel(pool: EnvPool, policy: Any, panel: Panel, plan: list[PlannedEpisode], concurrency: int, seed: int,
+               done: set[tuple[str, str, int]], concurrent: bool) -> Iterable[list[EpisodeRecord]]:
+    """The new records of each chunk, every member's share of the chunk run in one wave (module docstring)."""
+    names = [name for name, _ in panel]
+    wave = PanelWave([simulator for _, simulator in panel], concurrent=concurrent)
+    engine = RolloutEngine(pool.factory(), policy, wave)
+    for c in range(0, len(plan), concurrency):
+        chunk, rng_seed = plan[c:c + concurrency], [seed, 3, c // concurrency]
+        members = [m for m, name in enumerate(names) if any((name, e.scenario, e.trial) not in done for e in chunk)]
+        if members:
+            records = _run_panel_chunk(engine, wave, pool, policy, [names[m] for m in members], members, chunk,
+                                       rng_seed)
+            yield [r for r in records if r.key not in done]
+
+
+def _run_panel_chunk(engine: RolloutEngine, wave: PanelWave, pool: EnvPool, policy: Any, names: list[str],
+                     members: list[int], chunk: list[PlannedEpisode], rng_seed: list[int]) -> list[EpisodeRecord]:
+    """``chunk`` for each of ``members`` as one wave; if it raises, each member's share runs alone (and one episode
+    at a time if that raises too, :func:`_run_chunk`)."""
+    wave.assign([m for m in members for _ in chunk])
+    envs = pool.take(len(members) * len(chunk))
+    begin_wave(policy, envs)
+    try:
+        trajectories = engine.run([Job(e.scenario, e.index, e.seed) for _ in members for e in chunk],
+                                  np.random.default_rng(rng_seed))
+        return [_record(t, envs[i], policy, names[i // len(chunk)], chunk[i % len(chunk)])
+                for i, t in enumerate(trajectories)]
+    except Exception as error:
+        log.warning("members %s: a chunk of %d episode(s) each raised in one wave (%s: %s); running each member's "
+                    "share alone", ", ".join(names), len(chunk), type(error).__name__, _first_line(error))
+    records = []
+    for name, m in zip(names, members):
+        alone = RolloutEngine(pool.factory(), policy, wave.members[m], n_envs=len(chunk))
+        records += _run_chunk(alone, pool, policy, name, chunk, rng_seed)
     return records
 
 
