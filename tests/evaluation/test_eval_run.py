@@ -122,9 +122,9 @@ def test_kill_and_resume_gives_the_uninterrupted_result(tmp_path):
     expected = [r.to_json() for r in read_records(tmp_path / "whole" / EPISODES)]
     killed = tmp_path / "killed"
     with pytest.raises(KeyboardInterrupt):
-        run(killed, policy=InterruptAfter(act_policy(), 8))
+        run(killed, policy=InterruptAfter(act_policy(), 25))
     kept = read_records(killed / EPISODES)
-    assert 0 < len(kept) < 20 and len(kept) % 6 == 0  # whole chunks of 3, both members' in one wave
+    assert 0 < len(kept) < 20 and len(kept) % 3 in (0, 1)  # whole chunks of 3 (a member's last chunk has 1)
     assert not (killed / "summary.json").exists()
     with pytest.raises(ValueError, match="already holds an evaluation"):
         run(killed)  # finished work is never overwritten

@@ -44,6 +44,27 @@ def test_every_member_plays_as_alone(concurrent: bool) -> None:
         assert [(t.actions, t.total_reward, t.simulator) for t in mine] == alone[simulator.name]
 
 
+def test_one_wave_eval_writes_the_member_by_member_records(tmp_path) -> None:
+    """``evaluate_panel(one_wave=True)``: the same records as member by member for a policy that draws nothing;
+    a resume after a torn write completes them."""
+    from simpop.evaluation.eval_run import EPISODES, evaluate_panel, read_records
+    from simpop.simulators.population import Panel
+
+    def run(out, one_wave, resume=False):
+        return evaluate_panel(ENV, Greedy(), Panel(members()), episodes=7, seed=3, out=out, concurrency=3,
+                              env_kwargs={"max_turns": 5}, one_wave=one_wave, resume=resume)
+
+    alone, together = run(tmp_path / "alone", False), run(tmp_path / "together", True)
+    lines = {d: (tmp_path / d / EPISODES).read_text().splitlines(keepends=True) for d in ("alone", "together")}
+    assert sorted(lines["alone"]) == sorted(lines["together"]) and len(lines["alone"]) == 21
+    assert lines["alone"] != lines["together"]  # written chunk by chunk across members
+    assert together == alone
+    (tmp_path / "together" / EPISODES).write_text("".join(lines["together"][:8]) + lines["together"][8][:40])
+    assert run(tmp_path / "together", True, resume=True) == alone
+    assert sorted(r.to_json() for r in read_records(tmp_path / "together" / EPISODES)) == sorted(
+        x.strip() for x in lines["alone"])
+
+
 def test_panel_wave_rejects_bad_use() -> None:
     sims = members()
     with pytest.raises(ValueError, match="at least one"):

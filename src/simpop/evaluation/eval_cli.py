@@ -70,8 +70,9 @@ def configure(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--no-progress", action="store_true", help="hide the progress bar")
     parser.add_argument("--sim-generator", default="", metavar="vllm:launch|vllm:URL",
                         help="LLM panel members generate on vLLM: a server launched per model (vllm:launch; "
-                             "make vllm-env on a CPU) or a running one (vllm:http://HOST:PORT); members on one "
-                             "model share it, their calls of a tick sent together (default: in process)")
+                             "make vllm-env on a CPU) or a running one (vllm:http://HOST:PORT); all members run "
+                             "in one wave, their calls of a tick sent together (default: in process, member by "
+                             "member)")
 
 
 def run(args: argparse.Namespace) -> int:
@@ -156,7 +157,7 @@ def _evaluate(args: argparse.Namespace) -> int:
         summary = evaluate_panel(args.env, policy, panel, episodes=args.episodes, num_trials=args.num_trials,
                                  seed=args.seed, out=args.out, resume=args.resume, concurrency=args.concurrency,
                                  env_kwargs=kwargs, progress=not args.no_progress, policy_spec=args.policy,
-                                 ray=ray, concurrent_members=bool(args.sim_generator))
+                                 ray=ray, one_wave=bool(args.sim_generator))
     except ValueError as error:  # settings: an --out holding another evaluation, a resume that does not match
         raise _InputError(_one_line(error)) from None
     except KeyboardInterrupt:

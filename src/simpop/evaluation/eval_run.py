@@ -5,15 +5,19 @@ the env has enough, drawn as :meth:`~simpop.rollout.RolloutEngine.collect` draws
 trials of every scenario (τ²'s ``--num-trials``). Every member gets the same scenarios, env seeds and policy
 sampling seeds (common random numbers: members differ only by the simulator).
 
-**Chunks, all members in one wave.** The plan runs in chunks of ``concurrency`` episodes; chunk ``c`` of every
-member runs as one wave of the :class:`~simpop.rollout.RolloutEngine` (``concurrency`` x members dialogues side by
-side, :class:`~simpop.simulators.panel_wave.PanelWave`): one batched policy call per tick for all members, and
-one simulator call per member per tick (side by side in threads with ``concurrent_members``, so members on one
-vLLM server are batched there together). Each chunk's policy generator is seeded from ``(seed, chunk)`` and
-each member starts its dialogues in the same order as alone, so a chunk gives the same dialogues whenever it
-runs; a policy that samples draws for all members' dialogues of a tick from that one generator. When a chunk
-finishes its records are appended to ``episodes.jsonl`` in one write (flushed and fsynced): a kill loses at
-most the chunk in flight.
+**Chunks.** A member's episodes run in chunks of ``concurrency`` dialogues, side by side in one wave of the
+:class:`~simpop.rollout.RolloutEngine` (one batched model call per seat per turn). Each chunk's policy
+generator is seeded from ``(seed, chunk)``, so a chunk gives the same dialogues whenever it runs. When a
+chunk finishes its records are appended to ``episodes.jsonl`` in one write (flushed and fsynced): a kill
+loses at most the chunk in flight.
+
+**Members in one wave** (``one_wave``, what ``simpop eval --sim-generator`` does): chunk ``c`` of every member
+runs as one wave instead (``concurrency`` x members dialogues side by side,
+:class:`~simpop.simulators.panel_wave.PanelWave`): one batched policy call per tick for all members, and the
+members' simulator calls of a tick sent side by side from threads, so members generating on one vLLM server are
+one batch there. Each member starts its dialogues as it would alone, so a policy that draws nothing from its
+generator (τ²'s gold agent, greedy text policies) gives the same records; a policy that samples draws for every
+member's dialogues of a tick from the chunk's one generator, so members no longer share its draws.
 
 **Resume.** ``resume=True`` reads ``episodes.jsonl`` (a torn last line is dropped and the file rewritten
 without it), checks that the run's settings (``eval.json``) match, and skips every finished
@@ -23,8 +27,8 @@ uninterrupted one (for local models and native simulators; remote models are as 
 server). The summary is always computed from the file, in plan order.
 
 **Ray.** With ``ray`` (:class:`~simpop.rollout_ray.RayConfig`, ``simpop eval --ray``) the chunks run in Ray
-workers member by member, one chunk per worker at a time, each with the generator it has locally; each worker
-sends back its envs' transcripts. τ² envs stay local (their results files read the env's state).
+workers, one chunk per worker at a time, each with the generator it has locally, so the records are the same;
+each worker sends back its envs' transcripts. τ² envs stay local (their results files read the env's state).
 
 **Failures.** A policy or simulator that raises in a chunk does not end the evaluation: the chunk's
 episodes run again one at a time (each with its own seed), and an episode that still raises is recorded
@@ -120,7 +124,7 @@ def evaluate_panel(env_id: str, policy: Any, panel: Panel, *, episodes: int | No
                    num_trials: int | None = None, seed: int = 0, out: str | Path, resume: bool = False,
                    concurrency: int = 8, env_kwargs: Mapping[str, Any] | None = None, progress: bool = False,
                    policy_spec: str | None = None, ray: RayConfig | None = None,
-                   concurrent_members: bool = False) -> dict[str, Any]:
+                   one_wave: bool = False) -> dict[str, Any]:
     """Evaluate ``policy`` on every member of ``panel`` and write the outputs to ``out`` (module docstring).
 
     Args:
@@ -136,9 +140,8 @@ def evaluate_panel(env_id: str, policy: Any, panel: Panel, *, episodes: int | No
         env_kwargs: Env constructor arguments.
         progress: Show a progress bar.
         policy_spec: How the policy was named (recorded and compared on resume).
-        ray: Run the chunks in Ray rollout workers when ``ray.ray`` (member by member).
-        concurrent_members: In a panel wave, run the members' model calls of a tick side by side in threads
-            (members that generate on a server, ``--sim-generator``).
+        ray: Run the chunks in Ray rollout workers when ``ray.ray`` (same records as locally).
+        one_wave: Run every member's share of a chunk in one wave (module docstring; not with ``ray``).
 
     Returns:
         The summary (as written to ``summary.json``).
@@ -153,6 +156,8 @@ def evaluate_panel(env_id: str, policy: Any, panel: Panel, *, episodes: int | No
     kwargs = dict(env_kwargs or {})
     pool = EnvPool(lambda: make(env_id, **kwargs))
     plan = plan_episodes(pool.take(1)[0].scenario_ids(), episodes=episodes, num_trials=num_trials, seed=seed)
+    if one_wave and ray is not None and ray.ray:
+        raise ValueError("members run in one wave locally; drop --ray (or --sim-generator)")
     if ray is not None and ray.ray and is_tau2(pool.take(1)[0]):
         raise ValueError("--ray does not run τ² evaluations (their results files read each env's state); "
                          "run them without --ray")
@@ -173,25 +178,29 @@ def evaluate_panel(env_id: str, policy: Any, panel: Panel, *, episodes: int | No
     errors = 0
     started = time.perf_counter()
     try:
-        if ray is None or not ray.ray:
-            for new in _run_panel(pool, policy, panel, plan, concurrency, seed, done, concurrent_members):
+        if one_wave:
+            for new in _run_panel(pool, policy, panel, plan, concurrency, seed, done):
                 append_records(path, new)
                 done.update(r.key for r in new)
                 errors += sum(r.error is not None for r in new)
                 bar.update(len(new))
-        else:
-            for name, simulator in panel:
-                engine = RayRolloutEngine(lambda: make(env_id, **kwargs), policy, simulator, n_envs=concurrency,
-                                          config=ray, env_view=env_view)
-                todo = [(plan[c:c + concurrency], [seed, 3, c // concurrency]) for c in range(0, len(plan), concurrency)
-                        if any((name, e.scenario, e.trial) not in done for e in plan[c:c + concurrency])]
-                for g in range(0, len(todo), ray.ray_workers):
-                    for records in _run_chunks(engine, pool, policy, name, todo[g:g + ray.ray_workers]):
-                        new = [r for r in records if r.key not in done]
-                        append_records(path, new)
-                        done.update(r.key for r in new)
-                        errors += sum(r.error is not None for r in new)
-                        bar.update(len(new))
+        for name, simulator in () if one_wave else panel:
+            if ray is not None and ray.ray:
+                engine: RolloutEngine = RayRolloutEngine(lambda: make(env_id, **kwargs), policy, simulator,
+                                                         n_envs=concurrency, config=ray, env_view=env_view)
+            else:
+                engine = RolloutEngine(pool.factory(), policy, simulator, n_envs=concurrency)
+            todo = [(plan[c:c + concurrency], [seed, 3, c // concurrency]) for c in range(0, len(plan), concurrency)
+                    if any((name, e.scenario, e.trial) not in done for e in plan[c:c + concurrency])]
+            side_by_side = ray.ray_workers if isinstance(engine, RayRolloutEngine) and ray is not None else 1
+            for g in range(0, len(todo), side_by_side):
+                for records in _run_chunks(engine, pool, policy, name, todo[g:g + side_by_side]):
+                    new = [r for r in records if r.key not in done]
+                    append_records(path, new)
+                    done.update(r.key for r in new)
+                    errors += sum(r.error is not None for r in new)
+                    bar.update(len(new))
+            if isinstance(engine, RayRolloutEngine):
                 engine.close()
     finally:
         bar.close()
@@ -291,10 +300,10 @@ def _run_chunk(engine: RolloutEngine, pool: EnvPool, policy: Any, member: str, c
 
 
 def _run_panel(pool: EnvPool, policy: Any, panel: Panel, plan: list[PlannedEpisode], concurrency: int, seed: int,
-               done: set[tuple[str, str, int]], concurrent: bool) -> Iterable[list[EpisodeRecord]]:
+               done: set[tuple[str, str, int]]) -> Iterable[list[EpisodeRecord]]:
     """The new records of each chunk, every member's share of the chunk run in one wave (module docstring)."""
     names = [name for name, _ in panel]
-    wave = PanelWave([simulator for _, simulator in panel], concurrent=concurrent)
+    wave = PanelWave([simulator for _, simulator in panel], concurrent=True)
     engine = RolloutEngine(pool.factory(), policy, wave)
     for c in range(0, len(plan), concurrency):
         chunk, rng_seed = plan[c:c + concurrency], [seed, 3, c // concurrency]
