@@ -161,7 +161,7 @@ def run_case(case: str, args: argparse.Namespace) -> dict[str, float]:
             policy = LLMPolicy(model, lora=True, lora_r=LORA_R, lora_alpha=LORA_ALPHA)
             steps.insert(0, (policy, policy_step, wrap(torch.optim.Adam(policy.parameters(), lr=1e-4))))
         losses = []
-        for _ in range(ROUNDS):
+        for _ in range(args.rounds):
             for trained, step, optimizer in steps:
                 losses.append(step(trained, work, optimizer))
                 after()
@@ -274,18 +274,30 @@ def main() -> None:
     parser.add_argument("--cases", nargs="+", default=list(CASES), choices=CASES)
     parser.add_argument("--threads", type=int, default=2)
     parser.add_argument("--trim", action="store_true", help="malloc_trim(0) after every step")
+    parser.add_argument("--rounds", type=int, default=ROUNDS, help="steps of each adapter in the simulator cases")
+    parser.add_argument("--parallel", action="store_true",
+                        help="run the cases' children side by side (peaks are per process; times share the CPU)")
     parser.add_argument("--child", choices=CASES, help=argparse.SUPPRESS)
     args = parser.parse_args()
     if args.child:
         child(args.child, args)
         return
     results: dict[str, dict[str, float]] = {}
-    for case in args.cases:
-        command = [sys.executable, __file__, "--child", case, "--threads", str(args.threads)]
-        out = subprocess.run(command + (["--trim"] if args.trim else []), capture_output=True, text=True)
-        line = next((x for x in out.stdout.splitlines() if x.startswith("RESULT ")), None)
+
+    def launch(case: str) -> subprocess.Popen:
+        command = [sys.executable, __file__, "--child", case, "--threads", str(args.threads), "--rounds",
+                   str(args.rounds)] + (["--trim"] if args.trim else [])
+        return subprocess.Popen(command, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+
+    if args.parallel:
+        children = {case: launch(case) for case in args.cases}
+        outputs = {case: process.communicate() for case, process in children.items()}
+    else:
+        outputs = {case: launch(case).communicate() for case in args.cases}
+    for case, (stdout, stderr) in outputs.items():
+        line = next((x for x in stdout.splitlines() if x.startswith("RESULT ")), None)
         if line is None:
-            print(f"{case}: failed\n{out.stderr[-3000:]}", file=sys.stderr)
+            print(f"{case}: failed\n{stderr[-3000:]}", file=sys.stderr)
             continue
         results[case] = json.loads(line[len("RESULT "):])
         extra = {k: round(v, 1) for k, v in results[case].items() if k not in ("peak_mb", "step_s", "losses")}
