@@ -91,10 +91,14 @@ def episodes(vocab: int, seed: int = 0):
     return out
 
 
+TOKEN_BUDGET: int | None = None  # --token-budget (None: the backend's default)
+
+
 def backend():
     from simpop.agents.transformers_backend import TransformersBackend
 
-    return TransformersBackend("smollm2", dtype="float32")
+    extra = {} if TOKEN_BUDGET is None else {"token_budget": TOKEN_BUDGET}
+    return TransformersBackend("smollm2", dtype="float32", **extra)
 
 
 def simulator_step(sim, work, optimizer) -> float:
@@ -155,11 +159,11 @@ def run_case(case: str, args: argparse.Namespace) -> dict[str, float]:
         sims = [TrainableLLMSimulator(model, f"sim{i}", params, lora_r=LORA_R, lora_alpha=LORA_ALPHA)
                 for i in range(count)]
         steps = [(sim, simulator_step, wrap(torch.optim.Adam(sim.parameters(), lr=1e-4))) for sim in sims]
-        if case != "adapter":
-            from simpop.agents.policy import LLMPolicy
+        if case != "adapter":  # the policy steps last: as in every update after the first, the simulators'
+            from simpop.agents.policy import LLMPolicy  # optimiser states exist during its step
 
             policy = LLMPolicy(model, lora=True, lora_r=LORA_R, lora_alpha=LORA_ALPHA)
-            steps.insert(0, (policy, policy_step, wrap(torch.optim.Adam(policy.parameters(), lr=1e-4))))
+            steps.append((policy, policy_step, wrap(torch.optim.Adam(policy.parameters(), lr=1e-4))))
         losses = []
         for _ in range(args.rounds):
             for trained, step, optimizer in steps:
@@ -275,10 +279,14 @@ def main() -> None:
     parser.add_argument("--threads", type=int, default=2)
     parser.add_argument("--trim", action="store_true", help="malloc_trim(0) after every step")
     parser.add_argument("--rounds", type=int, default=ROUNDS, help="steps of each adapter in the simulator cases")
+    parser.add_argument("--token-budget", type=int, help="the backend's token budget (its activation "
+                                                         "checkpointing threshold); default: the backend's")
     parser.add_argument("--parallel", action="store_true",
                         help="run the cases' children side by side (peaks are per process; times share the CPU)")
     parser.add_argument("--child", choices=CASES, help=argparse.SUPPRESS)
     args = parser.parse_args()
+    global TOKEN_BUDGET
+    TOKEN_BUDGET = args.token_budget
     if args.child:
         child(args.child, args)
         return
@@ -286,7 +294,8 @@ def main() -> None:
 
     def launch(case: str) -> subprocess.Popen:
         command = [sys.executable, __file__, "--child", case, "--threads", str(args.threads), "--rounds",
-                   str(args.rounds)] + (["--trim"] if args.trim else [])
+                   str(args.rounds)] + (["--trim"] if args.trim else []) + (
+                   ["--token-budget", str(args.token_budget)] if args.token_budget else [])
         return subprocess.Popen(command, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
 
     if args.parallel:
@@ -311,7 +320,7 @@ def main() -> None:
           f"offload {ratio('cotrain', 'adapter')}); cotrain_offload / cotrain: {ratio('cotrain_offload', 'cotrain')}")
     if "cotrain" in results and "cotrain_offload" in results:
         pairs = list(zip(results["cotrain"]["losses"], results["cotrain_offload"]["losses"]))
-        print("co-training losses, kept vs offloaded optimiser state (policy, sim0..sim3, per round): "
+        print("co-training losses, kept vs offloaded optimiser state (sim0..sim3, policy, per round): "
               + ", ".join(f"{a:.6f}/{b:.6f}" for a, b in pairs)
               + f"; identical: {'yes' if all(a == b for a, b in pairs) else 'NO'}")
     print(f"cotrain / score peak:   {ratio('cotrain', 'score')}")

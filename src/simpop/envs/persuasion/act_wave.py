@@ -175,8 +175,7 @@ class ActWave:
         codes = self.code_log[row, :n].tolist()
         actions: dict[str, list[Any]] = {s: [] for s in self.seats}
         for step, (seat, code) in enumerate(zip(seats, codes)):
-            actions[self.seats[seat]].append(self.raw.get((row, step), code) if code < 0 or (row, step) in self.raw
-                                             else code)
+            actions[self.seats[seat]].append(self.raw.get((row, step), code))  # rejected ones are all in raw
         observations = {name: list(self.obs_log[s][row, :int(self.obs_count[s][row])])
                         for s, name in enumerate(self.seats)}
         terminated = bool(self.terminated[row])
