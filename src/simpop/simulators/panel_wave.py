@@ -71,8 +71,11 @@ class PanelWave(Simulator):
                                              [self._slot(slots[i])[1] for i in indices])
 
         if self.concurrent and len(groups) > 1:
-            with ThreadPoolExecutor(max_workers=len(groups)) as pool:
+            pool = ThreadPoolExecutor(max_workers=len(groups))
+            try:
                 answers = dict(zip(groups, pool.map(call, groups)))
+            finally:  # an error or Ctrl-C does not wait here for the other members' requests in flight
+                pool.shutdown(wait=False, cancel_futures=True)
         else:
             answers = {m: call(m) for m in groups}
         actions: list[Any] = [None] * len(slots)
