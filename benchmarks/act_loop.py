@@ -9,8 +9,11 @@ training success, policy loss and simulator loss: equal digests mean the two tre
 Last, it times one wave of persuadee replies in this checkout, per dialogue vs batched (the part this change
 vectorised; the rest of an update is mostly the env's per-step Python).
 
-The baseline is a git revision (checked out into a temporary worktree; default: the commit before the
-vectorisation) or a simpop tree::
+The table gives each tree's milliseconds per update too (the goal of issue 29: <= 8 ms at 64 dialogues, on
+a quiet machine) and the load average before and after: on a shared machine, read the ratio.
+
+The baseline is a git revision (checked out into a temporary worktree; default: the commit before the act
+env was stepped as arrays, :class:`~simpop.envs.persuasion.act_wave.ActWave`) or a simpop tree::
 
     nice -n 19 .venv/bin/python benchmarks/act_loop.py [--baseline REV_OR_TREE]
 """
@@ -27,7 +30,10 @@ import time
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from baseline import BEFORE, CHECKOUT, tree  # noqa: E402  (benchmarks/baseline.py)
+from baseline import CHECKOUT, tree  # noqa: E402  (benchmarks/baseline.py)
+
+#: The last commit before the act-level waves were stepped as arrays (issue 29).
+BEFORE_ARRAYS = "be41bef"
 
 
 def child(condition: str, updates: int, seed: int) -> dict:
@@ -98,7 +104,7 @@ def measure(tree: Path, condition: str, updates: int, seed: int) -> dict:
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--baseline", default=BEFORE, help="the revision or tree to compare against")
+    parser.add_argument("--baseline", default=BEFORE_ARRAYS, help="the revision or tree to compare against")
     parser.add_argument("--conditions", nargs="+", default=["frozen", "cotrain", "population"])
     parser.add_argument("--updates", type=int, default=20)
     parser.add_argument("--repeats", type=int, default=2)
@@ -117,7 +123,9 @@ def compare(args: argparse.Namespace, baseline: Path) -> None:
     """The table: each condition's best rate in the baseline tree and in this checkout."""
     print(f"act-level updates/s, {args.updates} updates after one warm-up, best of {args.repeats} "
           f"(baseline {args.baseline} at {baseline} vs checkout {CHECKOUT})")
-    print(f"{'condition':<12} {'baseline':>9} {'checkout':>9} {'ratio':>6}  same trajectories")
+    print(f"load average before: {' '.join(f'{x:.2f}' for x in os.getloadavg())}")
+    print(f"{'condition':<12} {'baseline':>9} {'checkout':>9} {'ratio':>6} {'ms before':>9} {'ms after':>8}  "
+          f"same trajectories")
     for condition in args.conditions:
         runs: dict[str, list[dict]] = {"baseline": [], "checkout": []}
         for _ in range(args.repeats):
@@ -126,7 +134,9 @@ def compare(args: argparse.Namespace, baseline: Path) -> None:
         old = max(r["updates_per_s"] for r in runs["baseline"])
         new = max(r["updates_per_s"] for r in runs["checkout"])
         same = runs["baseline"][0]["digest"] == runs["checkout"][0]["digest"]
-        print(f"{condition:<12} {old:9.2f} {new:9.2f} {new / old:5.2f}x  {'yes' if same else 'no'}")
+        print(f"{condition:<12} {old:9.2f} {new:9.2f} {new / old:5.2f}x {1e3 / old:9.2f} {1e3 / new:8.2f}  "
+              f"{'yes' if same else 'no'}")
+    print(f"load average after: {' '.join(f'{x:.2f}' for x in os.getloadavg())}")
     print("\none wave of 64 persuadee replies (this checkout: per-dialogue respond vs respond_batch)")
     for temperature, one, batch in reply_speed():
         print(f"temperature {temperature:g}: {one:.2f} ms vs {batch:.2f} ms, {one / batch:.1f}x")

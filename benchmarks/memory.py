@@ -8,8 +8,12 @@ in one run:
 - ``score``: a plain scoring pass (``token_logprobs`` under ``no_grad``) over the simulator workload;
 - ``adapter``: one trainable simulator's step (its ``score``: scored pass + reference pass with adapters
   off; loss with the k3 KL, backward, Adam);
-- ``cotrain``: K=4 trainable simulators and a policy adapter on one base model, one step each (the policy's
-  step: its ``score`` and ``reference_logprobs`` of two dialogues, a GRPO-style loss, backward, Adam);
+- ``cotrain``: K=4 trainable simulators and a policy adapter on one base model, ``ROUNDS`` steps each (the
+  policy's step: its ``score`` and ``reference_logprobs`` of two dialogues, a GRPO-style loss, backward, Adam),
+  each optimiser kept for the run as ``CoTrainer`` keeps them;
+- ``cotrain_offload``: the same with every optimiser's state on disk between its steps and the gradients freed
+  after them (:class:`~simpop.train.offload.OffloadedOptimizer`, what ``CoTrainer`` does since issue 29); its
+  losses must equal ``cotrain``'s, step for step (printed side by side);
 - ``tau2``: one τ² text GRPO step (``collect`` + ``update``: 2 dialogues on the mock domain with the scripted
   user, LoRA policy); its peak is the update's (counted from the resident memory after the rollout), the
   rollout's is ``rollout_peak_mb``;
@@ -22,7 +26,8 @@ dialogues x 3 simulator turns, a 120-token first prompt growing by 64 tokens a t
 (random token ids, seeded; 1,296 scored-row tokens per simulator step). Sizes are small so that a run fits
 in ~20 minutes on 2 busy CPU cores.
 
-Targets (issue 19): cotrain <= 1.3x adapter; tau2 <= 2 GB; grpo_ours <= 0.9x grpo_trl. ``--trim`` calls
+``adapter`` takes ``ROUNDS`` steps of one simulator too. Targets (issues 19, 29): cotrain_offload <= 1.3x
+adapter; tau2 <= 2 GB; grpo_ours <= 0.9x grpo_trl. ``--trim`` calls
 glibc's ``malloc_trim(0)`` after every step (returning freed heap pages to the system).
 
 Run ``PYTHONPATH=<tree>/src python benchmarks/memory.py`` to measure another checkout with the same script
@@ -40,7 +45,8 @@ import sys
 import time
 from pathlib import Path
 
-CASES = ("load", "score", "adapter", "cotrain", "tau2", "grpo_ours", "grpo_trl")
+CASES = ("load", "score", "adapter", "cotrain", "cotrain_offload", "tau2", "grpo_ours", "grpo_trl")
+ROUNDS = 2
 DIALOGUES, TURNS, FIRST_PROMPT, GROWTH, REPLY = 2, 3, 120, 64, 32
 LORA_R, LORA_ALPHA = 16, 32
 
@@ -85,13 +91,17 @@ def episodes(vocab: int, seed: int = 0):
     return out
 
 
+TOKEN_BUDGET: int | None = None  # --token-budget (None: the backend's default)
+
+
 def backend():
     from simpop.agents.transformers_backend import TransformersBackend
 
-    return TransformersBackend("smollm2", dtype="float32")
+    extra = {} if TOKEN_BUDGET is None else {"token_budget": TOKEN_BUDGET}
+    return TransformersBackend("smollm2", dtype="float32", **extra)
 
 
-def simulator_step(sim, work, optimizer) -> None:
+def simulator_step(sim, work, optimizer) -> float:
     import torch
 
     scores = sim.score(work)
@@ -100,9 +110,10 @@ def simulator_step(sim, work, optimizer) -> None:
     optimizer.zero_grad(set_to_none=True)
     loss.backward()
     optimizer.step()
+    return float(loss.detach())
 
 
-def policy_step(policy, work, optimizer) -> None:
+def policy_step(policy, work, optimizer) -> float:
     """A GRPO-style step on whole dialogues: the simulator's turns are the policy's prompt tokens here."""
     import torch
 
@@ -117,6 +128,7 @@ def policy_step(policy, work, optimizer) -> None:
     optimizer.zero_grad(set_to_none=True)
     loss.backward()
     optimizer.step()
+    return float(loss.detach())
 
 
 def run_case(case: str, args: argparse.Namespace) -> dict[str, float]:
@@ -138,20 +150,26 @@ def run_case(case: str, args: argparse.Namespace) -> dict[str, float]:
         masks = [[0] * len(t.prompt_ids) + [1] * len(t.token_ids) for e in work for t in e.turns]
         with torch.no_grad():
             model.token_logprobs(sequences, masks)
-    elif case in ("adapter", "cotrain"):
+    elif case in ("adapter", "cotrain", "cotrain_offload"):
+        wrap = lambda optimizer: optimizer  # noqa: E731
+        if case == "cotrain_offload":
+            from simpop.train.offload import OffloadedOptimizer as wrap  # noqa: N813
         params = SamplingParams(max_new_tokens=REPLY, temperature=1.0)
         count = 1 if case == "adapter" else 4
         sims = [TrainableLLMSimulator(model, f"sim{i}", params, lora_r=LORA_R, lora_alpha=LORA_ALPHA)
                 for i in range(count)]
-        if case == "cotrain":
-            from simpop.agents.policy import LLMPolicy
+        steps = [(sim, simulator_step, wrap(torch.optim.Adam(sim.parameters(), lr=1e-4))) for sim in sims]
+        if case != "adapter":  # the policy steps last: as in every update after the first, the simulators'
+            from simpop.agents.policy import LLMPolicy  # optimiser states exist during its step
 
             policy = LLMPolicy(model, lora=True, lora_r=LORA_R, lora_alpha=LORA_ALPHA)
-            policy_step(policy, work, torch.optim.Adam(policy.parameters(), lr=1e-4))
-            after()
-        for sim in sims:
-            simulator_step(sim, work, torch.optim.Adam(sim.parameters(), lr=1e-4))
-            after()
+            steps.append((policy, policy_step, wrap(torch.optim.Adam(policy.parameters(), lr=1e-4))))
+        losses = []
+        for _ in range(args.rounds):
+            for trained, step, optimizer in steps:
+                losses.append(step(trained, work, optimizer))
+                after()
+        return {"step_s": time.perf_counter() - start, "losses": losses}
     return {"step_s": time.perf_counter() - start}
 
 
@@ -260,28 +278,51 @@ def main() -> None:
     parser.add_argument("--cases", nargs="+", default=list(CASES), choices=CASES)
     parser.add_argument("--threads", type=int, default=2)
     parser.add_argument("--trim", action="store_true", help="malloc_trim(0) after every step")
+    parser.add_argument("--rounds", type=int, default=ROUNDS, help="steps of each adapter in the simulator cases")
+    parser.add_argument("--token-budget", type=int, help="the backend's token budget (its activation "
+                                                         "checkpointing threshold); default: the backend's")
+    parser.add_argument("--parallel", action="store_true",
+                        help="run the cases' children side by side (peaks are per process; times share the CPU)")
     parser.add_argument("--child", choices=CASES, help=argparse.SUPPRESS)
     args = parser.parse_args()
+    global TOKEN_BUDGET
+    TOKEN_BUDGET = args.token_budget
     if args.child:
         child(args.child, args)
         return
     results: dict[str, dict[str, float]] = {}
-    for case in args.cases:
-        command = [sys.executable, __file__, "--child", case, "--threads", str(args.threads)]
-        out = subprocess.run(command + (["--trim"] if args.trim else []), capture_output=True, text=True)
-        line = next((x for x in out.stdout.splitlines() if x.startswith("RESULT ")), None)
+
+    def launch(case: str) -> subprocess.Popen:
+        command = [sys.executable, __file__, "--child", case, "--threads", str(args.threads), "--rounds",
+                   str(args.rounds)] + (["--trim"] if args.trim else []) + (
+                   ["--token-budget", str(args.token_budget)] if args.token_budget else [])
+        return subprocess.Popen(command, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+
+    if args.parallel:
+        children = {case: launch(case) for case in args.cases}
+        outputs = {case: process.communicate() for case, process in children.items()}
+    else:
+        outputs = {case: launch(case).communicate() for case in args.cases}
+    for case, (stdout, stderr) in outputs.items():
+        line = next((x for x in stdout.splitlines() if x.startswith("RESULT ")), None)
         if line is None:
-            print(f"{case}: failed\n{out.stderr[-3000:]}", file=sys.stderr)
+            print(f"{case}: failed\n{stderr[-3000:]}", file=sys.stderr)
             continue
         results[case] = json.loads(line[len("RESULT "):])
-        extra = {k: round(v, 1) for k, v in results[case].items() if k not in ("peak_mb", "step_s")}
+        extra = {k: round(v, 1) for k, v in results[case].items() if k not in ("peak_mb", "step_s", "losses")}
         print(f"{case:10s} peak {results[case]['peak_mb']:7.0f} MB   step {results[case]['step_s']:7.2f} s   "
               f"{extra or ''}", flush=True)
 
     def ratio(a: str, b: str, key: str = "peak_mb") -> str:
         return f"{results[a][key] / results[b][key]:.2f}x" if a in results and b in results else "n/a"
 
-    print(f"cotrain / adapter peak: {ratio('cotrain', 'adapter')} (target <= 1.3x)")
+    print(f"cotrain_offload / adapter peak: {ratio('cotrain_offload', 'adapter')} (target <= 1.3x; without the "
+          f"offload {ratio('cotrain', 'adapter')}); cotrain_offload / cotrain: {ratio('cotrain_offload', 'cotrain')}")
+    if "cotrain" in results and "cotrain_offload" in results:
+        pairs = list(zip(results["cotrain"]["losses"], results["cotrain_offload"]["losses"]))
+        print("co-training losses, kept vs offloaded optimiser state (sim0..sim3, policy, per round): "
+              + ", ".join(f"{a:.6f}/{b:.6f}" for a, b in pairs)
+              + f"; identical: {'yes' if all(a == b for a, b in pairs) else 'NO'}")
     print(f"cotrain / score peak:   {ratio('cotrain', 'score')}")
     print(f"adapter / score peak:   {ratio('adapter', 'score')}")
     if "tau2" in results:

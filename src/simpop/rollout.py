@@ -43,7 +43,7 @@ import logging
 import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, Protocol
 
 import numpy as np
 
@@ -260,6 +260,25 @@ class _Dialogue:
     done: bool = False
 
 
+class VectorWave(Protocol):
+    """An env's stepper for a whole wave as arrays (``env.vector_wave(envs)``; e.g.
+    :class:`~simpop.envs.persuasion.act_wave.ActWave`). Seats are 0 (policy) and 1 (user); a row is a dialogue.
+
+    It must give exactly the trajectories stepping each env would, and leave the envs as stepping would.
+    """
+
+    envs: list[DialogueEnv]
+
+    def reset(self, seeds: Sequence[int], scenario_ids: Sequence[str]) -> None: ...
+    def user_rngs(self) -> list[np.random.Generator]: ...
+    def pending(self, seat: int) -> np.ndarray: ...
+    def observe(self, rows: np.ndarray, seat: int) -> np.ndarray: ...
+    def step(self, rows: np.ndarray, seat: int, actions: Sequence[Any]) -> np.ndarray: ...
+    def policy_return(self, rows: np.ndarray) -> list[float]: ...
+    def episode(self, row: int) -> dict[str, Any]: ...
+    def finish(self) -> None: ...
+
+
 @dataclass(frozen=True)
 class Job:
     """One dialogue to run: scenario, GRPO group and env reset seed."""
@@ -361,6 +380,9 @@ class RolloutEngine:
     def run_wave(self, jobs: Sequence[Job], rng: np.random.Generator) -> list[Trajectory]:
         """Run ``jobs`` side by side as one wave (counts add to :attr:`stats`); ``rng`` drives the policy."""
         envs = self.env_pool(len(jobs))
+        wave = self._vector_wave(envs)
+        if wave is not None:
+            return self._run_vector_wave(wave, jobs, rng)
         dialogues = []
         for slot, (job, env) in enumerate(zip(jobs, envs)):
             observations, _ = env.reset(seed=job.seed, options={"scenario_id": job.scenario_id})
@@ -396,6 +418,57 @@ class RolloutEngine:
             if finished:
                 self.simulator.feedback([d.slot for d in finished], [d.trajectory.total_reward for d in finished])
         return [d.trajectory for d in dialogues]
+
+    def _vector_wave(self, envs: list[DialogueEnv]) -> VectorWave | None:
+        """The env's array stepper for this wave, where it has one and nothing needs the envs live: an act-level
+        policy that does not read the envs mid-wave (no ``begin_wave``), no human rendering."""
+        make = getattr(envs[0], "vector_wave", None)
+        if (make is None or self._delta is not None or hasattr(self.policy, "begin_wave")
+                or any(env.render_mode is not None for env in envs)):
+            return None
+        return make(envs)
+
+    def _run_vector_wave(self, wave: VectorWave, jobs: Sequence[Job], rng: np.random.Generator) -> list[Trajectory]:
+        """:meth:`run_wave` with the env's array stepper: the same ticks, calls and trajectories."""
+        wave.reset([job.seed for job in jobs], [job.scenario_id for job in jobs])
+        try:
+            self._step_vector_wave(wave, rng)
+        finally:
+            wave.finish()  # the envs as stepping them would have left them, even if a call raised
+        out = []
+        for slot, (job, env) in enumerate(zip(jobs, wave.envs)):
+            episode = wave.episode(slot)
+            out.append(Trajectory(job.scenario_id, job.group, job.seed, env.policy_seat, env.user_seat,
+                                  simulator=self.simulator.member(slot).name, **episode))
+            self.stats.user_rejected += episode["user_rejected"]
+        return out
+
+    def _step_vector_wave(self, wave: VectorWave, rng: np.random.Generator) -> None:
+        """The ticks of :meth:`run_wave`, on the wave's arrays."""
+        self.simulator.reset_batch([env.scenario for env in wave.envs], wave.user_rngs())
+        while True:
+            policy_rows, user_rows = wave.pending(0), wave.pending(1)
+            if not len(policy_rows) and not len(user_rows):
+                break
+            ended = []
+            if len(policy_rows):
+                t0 = time.perf_counter()
+                actions = self.policy.act_batch(list(wave.observe(policy_rows, 0)), rng)  # type: ignore[union-attr]
+                self.stats.policy_s += time.perf_counter() - t0
+                self.stats.policy_calls += 1
+                policy_actions = list(actions)
+            if len(user_rows):
+                t0 = time.perf_counter()
+                replies = self.simulator.act_batch(list(wave.observe(user_rows, 1)), user_rows.tolist())
+                self.stats.simulator_s += time.perf_counter() - t0
+                self.stats.simulator_calls += 1
+                ended.append(wave.step(user_rows, 1, replies))
+            if len(policy_rows):
+                ended.append(wave.step(policy_rows, 0, policy_actions))
+            self.stats.env_steps += len(policy_rows) + len(user_rows)
+            finished = np.sort(np.concatenate(ended))
+            if len(finished):
+                self.simulator.feedback(finished.tolist(), wave.policy_return(finished))
 
     def _policy_act(self, turns: list[_Dialogue], rng: np.random.Generator) -> list[Any]:
         seat = turns[0].env.policy_seat

@@ -377,6 +377,55 @@ def load_vllm_backend(target: str, **kwargs: Any) -> VLLMBackend:
     return VLLMBackend(server.base_url, server.served_name, tokenizer=resolve_model(target), **kwargs)
 
 
+class ServedModels(dict):
+    """Model spec -> backend, the cache a simulator build shares (``simulators.registry.Context.backends``), with
+    every local model (an embedded name such as ``smollm2``, or ``transformers:<folder>``) generating on vLLM.
+
+    ``target`` is what ``--sim-generator vllm:<target>`` names: ``launch`` starts one server per local model (on
+    first use, stopped at exit), a URL is a running server (it serves one base model, used for every local model
+    asked for). Members on one model share its backend, so they are one server's batch; each request carries its
+    own sampling settings. Other specs (``openai:``, ``vllm:``) and trainable models load as usual.
+    """
+
+    def __init__(self, target: str):
+        super().__init__()
+        self.target = parse_generator(f"vllm:{target}")
+        self._served: dict[str, str] = {}  # the URL server's base model, per local model asked for
+
+    @staticmethod
+    def local_model(spec: str) -> str | None:
+        """The model folder or embedded name a local backend spec loads, else None."""
+        from simpop.agents.embedded import EMBEDDED_MODELS
+
+        if spec in EMBEDDED_MODELS:
+            return spec
+        kind, _, path = spec.partition(":")
+        return path if kind == "transformers" and path else None
+
+    def __contains__(self, spec: object) -> bool:
+        return dict.__contains__(self, spec) or (isinstance(spec, str) and self.local_model(spec) is not None)
+
+    def __missing__(self, spec: str) -> VLLMBackend:
+        model = self.local_model(spec)
+        if model is None:
+            raise KeyError(spec)
+        if self.target == "launch":
+            backend = load_vllm_backend(model)
+        else:
+            base_url = self.target.rstrip("/")
+            base_url = base_url if base_url.endswith("/v1") else f"{base_url}/v1"
+            bases = [m["id"] for m in VLLMBackend(base_url, "?").served_models() if not m.get("parent")]
+            if not bases:
+                raise RemoteBackendError(f"{base_url}/models lists no base model")
+            if self._served and model not in self._served:
+                raise ValueError(f"{self.target} serves one base model ({bases[0]}) but the simulators use "
+                                 f"{sorted({*self._served, model})}; use vllm:launch (a server per model)")
+            self._served[model] = bases[0]
+            backend = VLLMBackend(base_url, bases[0])
+        self[spec] = backend
+        return backend
+
+
 class LocalVLLM:
     """In-process ``vllm.LLM`` generation from exact prompt ids (a Python with vLLM installed).
 

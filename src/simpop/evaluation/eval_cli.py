@@ -69,6 +69,11 @@ def configure(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--ray-worker-cpus", type=float, default=1.0,
                         help="CPUs each Ray worker reserves (fractions share a core; default 1)")
     parser.add_argument("--no-progress", action="store_true", help="hide the progress bar")
+    parser.add_argument("--sim-generator", default="", metavar="vllm:launch|vllm:URL",
+                        help="LLM panel members generate on vLLM: a server launched per model (vllm:launch; "
+                             "make vllm-env on a CPU) or a running one (vllm:http://HOST:PORT); all members run "
+                             "in one wave, their calls of a tick sent together (default: in process, member by "
+                             "member)")
 
 
 def run(args: argparse.Namespace) -> int:
@@ -108,9 +113,10 @@ def _evaluate(args: argparse.Namespace) -> int:
 
     from simpop.agents.base import SamplingParams
     from simpop.agents.openai_backend import RemoteBackendError
+    from simpop.agents.vllm_server import VLLMServerError, VLLMUnavailable
 
     setup_errors = (ValueError, KeyError, TypeError, FileNotFoundError, ImportError, RemoteBackendError,
-                    yaml.YAMLError, json.JSONDecodeError)
+                    VLLMServerError, VLLMUnavailable, yaml.YAMLError, json.JSONDecodeError)
     try:
         import simpop
         from simpop.envs.registration import parse_env_args
@@ -123,7 +129,15 @@ def _evaluate(args: argparse.Namespace) -> int:
         if ray is not None:
             import_ray()  # not installed: say how to install it, before anything runs
         env = simpop.make(args.env, **kwargs)
-        panel, card = load_panel_arg(args.panel, env, args.env)
+        backends = None
+        if args.sim_generator:
+            from simpop.agents.vllm_backend import ServedModels
+
+            if not args.sim_generator.startswith("vllm:"):
+                raise ValueError(f"--sim-generator must be vllm:launch or vllm:http://HOST:PORT, "
+                                 f"got {args.sim_generator!r}")
+            backends = ServedModels(args.sim_generator[len("vllm:"):])
+        panel, card = load_panel_arg(args.panel, env, args.env, backends)
         print(card)
         print(f"policy: {args.policy}")
         sampling = SamplingParams(max_new_tokens=args.max_new_tokens, temperature=args.temperature, top_p=args.top_p)
@@ -143,7 +157,7 @@ def _evaluate(args: argparse.Namespace) -> int:
         summary = evaluate_panel(args.env, policy, panel, episodes=args.episodes, num_trials=args.num_trials,
                                  seed=args.seed, out=args.out, resume=args.resume, concurrency=args.concurrency,
                                  env_kwargs=kwargs, progress=not args.no_progress, policy_spec=args.policy,
-                                 ray=ray)
+                                 ray=ray, one_wave=bool(args.sim_generator))
     except ValueError as error:  # settings: an --out holding another evaluation, a resume that does not match
         raise _InputError(_one_line(error)) from None
     except OSError as error:  # a full disk, a folder removed under the run: finished chunks are kept
@@ -168,8 +182,9 @@ def _evaluate(args: argparse.Namespace) -> int:
     return 0
 
 
-def load_panel_arg(name_or_path: str, env: Any, env_id: str) -> tuple[Any, str]:
-    """The panel ``--panel`` names (a shipped panel or a YAML file) and its printable card."""
+def load_panel_arg(name_or_path: str, env: Any, env_id: str, backends: Any = None) -> tuple[Any, str]:
+    """The panel ``--panel`` names (a shipped panel or a YAML file) and its printable card (``backends``: the
+    members' model cache, e.g. :class:`~simpop.agents.vllm_backend.ServedModels`)."""
     from simpop.simulators.registry import load_panel
 
     try:
@@ -179,13 +194,13 @@ def load_panel_arg(name_or_path: str, env: Any, env_id: str) -> tuple[Any, str]:
     if panels is not None:
         definition = panels.panel_definition(name_or_path)
         definition.check_env(env_id)
-        panel = load_panel({"name": definition.name, "members": dict(definition.members)}, env)
+        panel = load_panel({"name": definition.name, "members": dict(definition.members)}, env, backends)
         return panel, panels.panel_card(panel, definition.description or None)
     path = Path(name_or_path)
     if not path.is_file():
         raise ValueError(f"unknown panel {name_or_path!r}: no such panel YAML file (named panels are not available "
                          f"in this install)")
-    panel = load_panel(path, env)
+    panel = load_panel(path, env, backends)
     from simpop.evaluation.eval_run import member_spec
 
     rows = [f"  {name}  {member_spec(simulator)}" for name, simulator in panel]

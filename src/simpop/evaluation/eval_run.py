@@ -11,6 +11,14 @@ generator is seeded from ``(seed, chunk)``, so a chunk gives the same dialogues 
 chunk finishes its records are appended to ``episodes.jsonl`` in one write (flushed and fsynced): a kill
 loses at most the chunk in flight.
 
+**Members in one wave** (``one_wave``, what ``simpop eval --sim-generator`` does): chunk ``c`` of every member
+runs as one wave instead (``concurrency`` x members dialogues side by side,
+:class:`~simpop.simulators.panel_wave.PanelWave`): one batched policy call per tick for all members, and the
+members' simulator calls of a tick sent side by side from threads, so members generating on one vLLM server are
+one batch there. Each member starts its dialogues as it would alone, so a policy that draws nothing from its
+generator (τ²'s gold agent, greedy text policies) gives the same records; a policy that samples draws for every
+member's dialogues of a tick from the chunk's one generator, so members no longer share its draws.
+
 **Resume.** ``resume=True`` reads ``episodes.jsonl`` (a torn last line is dropped and the file rewritten
 without it), checks that the run's settings (``eval.json``) match, and skips every finished
 ``(member, scenario, trial)``. A chunk with some episodes missing (a torn write) runs whole again with its
@@ -60,6 +68,7 @@ from simpop.evaluation.metrics import wilson_ci
 from simpop.evaluation.panel import EnvPool, EpisodeRecord, begin_wave, episode_record, json_safe, transcript_of
 from simpop.rollout import Job, RolloutEngine, Trajectory
 from simpop.rollout_ray import RayConfig, RayRolloutEngine
+from simpop.simulators.panel_wave import PanelWave
 from simpop.simulators.population import Panel
 
 log = logging.getLogger(__name__)
@@ -154,7 +163,8 @@ def _locked(run: Callable[..., Any]) -> Callable[..., Any]:
 def evaluate_panel(env_id: str, policy: Any, panel: Panel, *, episodes: int | None = None,
                    num_trials: int | None = None, seed: int = 0, out: str | Path, resume: bool = False,
                    concurrency: int = 8, env_kwargs: Mapping[str, Any] | None = None, progress: bool = False,
-                   policy_spec: str | None = None, ray: RayConfig | None = None) -> dict[str, Any]:
+                   policy_spec: str | None = None, ray: RayConfig | None = None,
+                   one_wave: bool = False) -> dict[str, Any]:
     """Evaluate ``policy`` on every member of ``panel`` and write the outputs to ``out`` (module docstring).
 
     Args:
@@ -171,6 +181,7 @@ def evaluate_panel(env_id: str, policy: Any, panel: Panel, *, episodes: int | No
         progress: Show a progress bar.
         policy_spec: How the policy was named (recorded and compared on resume).
         ray: Run the chunks in Ray rollout workers when ``ray.ray`` (same records as locally).
+        one_wave: Run every member's share of a chunk in one wave (module docstring; not with ``ray``).
 
     Returns:
         The summary (as written to ``summary.json``).
@@ -186,6 +197,8 @@ def evaluate_panel(env_id: str, policy: Any, panel: Panel, *, episodes: int | No
     kwargs = dict(env_kwargs or {})
     pool = EnvPool(lambda: make(env_id, **kwargs))
     plan = plan_episodes(pool.take(1)[0].scenario_ids(), episodes=episodes, num_trials=num_trials, seed=seed)
+    if one_wave and ray is not None and ray.ray:
+        raise ValueError("members run in one wave locally; drop --ray (or --sim-generator)")
     if ray is not None and ray.ray and is_tau2(pool.take(1)[0]):
         raise ValueError("--ray does not run τ² evaluations (their results files read each env's state); "
                          "run them without --ray")
@@ -206,7 +219,13 @@ def evaluate_panel(env_id: str, policy: Any, panel: Panel, *, episodes: int | No
     errors = 0
     started = time.perf_counter()
     try:
-        for name, simulator in panel:
+        if one_wave:
+            for new in _run_panel(pool, policy, panel, plan, concurrency, seed, done):
+                append_records(path, new)
+                done.update(r.key for r in new)
+                errors += sum(r.error is not None for r in new)
+                bar.update(len(new))
+        for name, simulator in () if one_wave else panel:
             if ray is not None and ray.ray:
                 engine: RolloutEngine = RayRolloutEngine(lambda: make(env_id, **kwargs), policy, simulator,
                                                          n_envs=concurrency, config=ray, env_view=env_view)
@@ -334,6 +353,43 @@ def _run_chunk(engine: RolloutEngine, pool: EnvPool, policy: Any, member: str, c
             records.append(EpisodeRecord(member=member, scenario=e.scenario, trial=e.trial, index=e.index,
                                          seed=e.seed, transcript=partial, error=message, turns=len(partial),
                                          policy_turns=sum(t["seat"] == env.policy_seat for t in partial)))
+    return records
+
+
+def _run_panel(pool: EnvPool, policy: Any, panel: Panel, plan: list[PlannedEpisode], concurrency: int, seed: int,
+               done: set[tuple[str, str, int]]) -> Iterable[list[EpisodeRecord]]:
+    """The new records of each chunk, every member's share of the chunk run in one wave (module docstring)."""
+    names = [name for name, _ in panel]
+    wave = PanelWave([simulator for _, simulator in panel], concurrent=True)
+    engine = RolloutEngine(pool.factory(), policy, wave)
+    for c in range(0, len(plan), concurrency):
+        chunk, rng_seed = plan[c:c + concurrency], [seed, 3, c // concurrency]
+        members = [m for m, name in enumerate(names) if any((name, e.scenario, e.trial) not in done for e in chunk)]
+        if members:
+            records = _run_panel_chunk(engine, wave, pool, policy, [names[m] for m in members], members, chunk,
+                                       rng_seed)
+            yield [r for r in records if r.key not in done]
+
+
+def _run_panel_chunk(engine: RolloutEngine, wave: PanelWave, pool: EnvPool, policy: Any, names: list[str],
+                     members: list[int], chunk: list[PlannedEpisode], rng_seed: list[int]) -> list[EpisodeRecord]:
+    """``chunk`` for each of ``members`` as one wave; if it raises, each member's share runs alone (and one episode
+    at a time if that raises too, :func:`_run_chunk`)."""
+    wave.assign([m for m in members for _ in chunk])
+    envs = pool.take(len(members) * len(chunk))
+    begin_wave(policy, envs)
+    try:
+        trajectories = engine.run([Job(e.scenario, e.index, e.seed) for _ in members for e in chunk],
+                                  np.random.default_rng(rng_seed))
+        return [_record(t, envs[i], policy, names[i // len(chunk)], chunk[i % len(chunk)])
+                for i, t in enumerate(trajectories)]
+    except Exception as error:
+        log.warning("members %s: a chunk of %d episode(s) each raised in one wave (%s: %s); running each member's "
+                    "share alone", ", ".join(names), len(chunk), type(error).__name__, _first_line(error))
+    records = []
+    for name, m in zip(names, members):
+        alone = RolloutEngine(pool.factory(), policy, wave.members[m], n_envs=len(chunk))
+        records += _run_chunk(alone, pool, policy, name, chunk, rng_seed)
     return records
 
 

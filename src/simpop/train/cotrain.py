@@ -65,6 +65,12 @@ at the current weights, so replies sampled by ``pi_gen`` (vLLM) instead of ``pi_
 correction: each reply token's log-prob is weighted by ``min(pi_θ / pi_gen, tis_cap)`` (the policy's
 ``GRPOConfig.tis_cap``; :func:`~simpop.train.objectives.truncated_is_weights`). Logged: ``sim_sync_s``,
 ``sim_generator_version``, ``sim_gen_logp_abs_diff``, ``sim_tis_truncated_frac``.
+
+**Memory.** K LLM simulators and the policy keep K + 1 Adam states and gradients for the run, though one step
+uses one. With :attr:`CoTrainConfig.offload_optimizers` (on by default) every optimiser whose parameters number
+at least :data:`OFFLOAD_MIN_PARAMS` (LoRA adapters, not the act-level persuadee's 373 numbers) keeps its state
+on disk between its steps and frees its gradients after them (:class:`~simpop.train.offload.OffloadedOptimizer`);
+training is bit for bit the same.
 """
 
 from __future__ import annotations
@@ -85,6 +91,10 @@ from simpop.simulators.population import CheckpointPool, Population
 from simpop.train.grpo import Batch, GRPOTrainer
 from simpop.train.objectives import truncated_is_weights
 from simpop.validation import check_fields
+from simpop.train.offload import OffloadedOptimizer
+
+#: Optimisers of at least this many parameters keep their state on disk between steps (``offload_optimizers``).
+OFFLOAD_MIN_PARAMS = 1_000_000
 
 
 #: Simulator objectives of co-training (module docstring).
@@ -156,6 +166,8 @@ class CoTrainConfig:
             each serves its LoRA adapter on the policy's server under its own versioned name (``sim0@v3``),
             synced after each of its updates (module docstring, "Generation on vLLM"). They must share the
             policy's base model. False: they generate in torch.
+        offload_optimizers: Keep the optimiser state of the simulators and the policy on disk between their steps
+            (those with at least :data:`OFFLOAD_MIN_PARAMS` parameters; module docstring, "Memory").
     """
 
     target_success: float = 0.5
@@ -174,6 +186,7 @@ class CoTrainConfig:
     reference_data: str | None = None
     diversity_coef: float = 0.05
     sim_generator: bool = True
+    offload_optimizers: bool = True
 
     def __post_init__(self) -> None:
         check_fields(self)
@@ -296,7 +309,9 @@ class CoTrainer:
         self.simulator, self.pool = training_population(self.simulators, config, self._snapshots)
         self.policy_trainer = policy_trainer
         policy_trainer.use_simulator(self.simulator)
-        self.optimizers = [torch.optim.Adam(self._trained(s), lr=config.sim_lr) for s in self.simulators]
+        self.optimizers = [self._offloaded(torch.optim.Adam(self._trained(s), lr=config.sim_lr))
+                           for s in self.simulators]
+        policy_trainer.optimizer = self._offloaded(policy_trainer.optimizer)
         self.update_count = 0
 
     def _prepare_objective(self) -> list[int]:
@@ -342,6 +357,14 @@ class CoTrainer:
                                  f"them one base model, or set CoTrainConfig.sim_generator=False "
                                  f"(--no-sim-generator) to generate the simulators in torch")
             sim.use_generator(generator.for_adapter(sim.adapter), weigh)  # type: ignore[attr-defined]
+
+    def _offloaded(self, optimizer: Any) -> Any:
+        """``optimizer`` with its state on disk between steps, if the config says so and it is large enough."""
+        size = sum(p.numel() for group in optimizer.param_groups for p in group["params"])
+        if (not self.config.offload_optimizers or size < OFFLOAD_MIN_PARAMS
+                or isinstance(optimizer, OffloadedOptimizer)):
+            return optimizer
+        return OffloadedOptimizer(optimizer)
 
     def _trained(self, sim: Trainable) -> list[torch.nn.Parameter]:
         """The parameters the objective trains: the persona sampler's (``persona``) or the simulator's."""

@@ -22,6 +22,7 @@ import numpy as np
 from gymnasium import spaces
 
 from simpop.envs.dialogue import NOT_UNICODE, DialogueEnv, Outcome, TextSpace, Turn, is_unicode
+from simpop.envs.persuasion.act_wave import ActWave
 from simpop.envs.persuasion.acts import (DONATING_ACTS, PERSUADEE_ACTS, PERSUADER_ACTS, REFUSING_ACTS,
                                          classify_persuader, render_persuadee, render_persuader)
 from simpop.envs.persuasion.model import AMOUNT_LEVELS
@@ -413,14 +414,46 @@ class PersuasionActEnv(_PersuasionEnv):
                self.user_seat: spaces.Discrete(len(PERSUADEE_ACTS) * N_AMOUNTS)}
         return obs, act
 
+    @property
+    def transcript(self) -> list[Turn]:
+        """The accepted turns, rendered as text when first read (training never reads them)."""
+        if self._pending:
+            self._render_pending()
+        return self._transcript
+
+    @transcript.setter
+    def transcript(self, turns: list[Turn]) -> None:
+        self._transcript, self._pending = turns, []
+
+    def vector_wave(self, envs: list[PersuasionActEnv]) -> ActWave:
+        """A stepper that plays a wave of dialogues in ``envs`` (this env among them) as arrays, with the same
+        trajectories (:class:`~simpop.envs.persuasion.act_wave.ActWave`; the rollout engine uses it)."""
+        return ActWave(envs)
+
     def _start(self) -> None:
         super()._start()
         # Phrasings come from the reset seed too, so transcripts are reproducible.
-        self._text_rng = np.random.default_rng(int(self.np_random.integers(2**63 - 1)))
+        self._text_seed = int(self.np_random.integers(2**63 - 1))
+        self._text_rng: np.random.Generator | None = None
         # Kept up to date in _apply so observations need no pass over the transcript.
         self._counts = np.zeros(len(PERSUADER_ACTS), np.float32)
         self._n_acts = 0
         self._last = {self.policy_seat: len(PERSUADER_ACTS), self.user_seat: len(PERSUADEE_ACTS)}
+
+    def _render_pending(self) -> None:
+        """Render the accepted (seat, action) pairs not yet in the transcript, in order, with the episode's
+        phrasing generator (so the text does not depend on when it is read)."""
+        if self._text_rng is None:
+            self._text_rng = np.random.default_rng(self._text_seed)
+        pending, self._pending = self._pending, []
+        for seat, action in pending:
+            if seat == self.policy_seat:
+                act = PERSUADER_ACTS[action]
+                self._transcript.append(Turn(seat, render_persuader(act, self._text_rng), act=act))
+            else:
+                act, amount = decode_persuadee_action(action)
+                text = render_persuadee(act, amount if act in DONATING_ACTS else None, self._text_rng)
+                self._transcript.append(Turn(seat, text, act=act, data={"donation": amount}))
 
     def _validate(self, seat: str, action: Any) -> str | None:
         space = self.action_space(seat)
@@ -433,17 +466,14 @@ class PersuasionActEnv(_PersuasionEnv):
         return None if ok else f"action must be an int in [0, {space.n}), got {action!r}"
 
     def _apply(self, seat: str, action: Any) -> str:
+        self._pending.append((seat, int(action)))
         if seat == self.policy_seat:
-            act = PERSUADER_ACTS[int(action)]
-            self.transcript.append(Turn(seat, render_persuader(act, self._text_rng), act=act))
             self._counts[int(action)] += 1
             self._n_acts += 1
             self._last[seat] = int(action)
             return self.user_seat
         self._last[seat] = int(action) // N_AMOUNTS
         act, amount = decode_persuadee_action(int(action))
-        text = render_persuadee(act, amount if act in DONATING_ACTS else None, self._text_rng)
-        self.transcript.append(Turn(seat, text, act=act, data={"donation": amount}))
         if act in DONATING_ACTS or act in REFUSING_ACTS:
             self._decide(amount, DECIDED_IN_DIALOGUE)
         return self.policy_seat

@@ -135,7 +135,7 @@ class ActPersuadee(_ModelPersuadee, DistributionalSimulator):
     """
 
     def act_batch(self, observations: list[Any], slots: list[int]) -> list[int]:
-        acts = [_heard(obs) for obs in observations]
+        acts = _heard_batch(observations)
         return [encode_persuadee_action(*outcome) for outcome in self._reply_batch(slots, acts)]
 
     def distribution(self, observation: Any, slot: int = 0) -> list[tuple[int, float]]:
@@ -206,6 +206,19 @@ class TextPersuadee(_ModelPersuadee):
     def _decision(self, slot: int) -> list[tuple[Outcome, float]]:
         """The decision distribution in the slot's current state (no asking act applied: nothing is heard)."""
         return self.model.distribution(self._slots[slot].state, "ask-donation-amount", self.temperature)
+
+
+def _heard_batch(observations: list[Any]) -> list[str]:
+    """:func:`_heard` of every observation (one argmax over the stacked rows)."""
+    if not observations:
+        return []
+    heads = np.asarray(observations)
+    if heads.ndim != 2:
+        return [_heard(obs) for obs in observations]
+    index = np.argmax(heads[:, :len(PERSUADER_ACTS) + 1], axis=1)
+    if (index == len(PERSUADER_ACTS)).any():
+        raise ValueError("the persuadee observation reports no persuader act yet; the persuader speaks first")
+    return [PERSUADER_ACTS[i] for i in index.tolist()]
 
 
 def _heard(observation: Any) -> str:

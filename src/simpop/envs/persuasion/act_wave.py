@@ -1,0 +1,215 @@
+"""A wave of act-level P4G dialogues stepped as arrays (:meth:`PersuasionActEnv.vector_wave`).
+
+:class:`ActWave` plays the dialogues of one :class:`~simpop.rollout.RolloutEngine` wave in the wave's
+:class:`~simpop.envs.persuasion.env.PersuasionActEnv` envs, but keeps their state in arrays (last acts,
+persuader act counts, steps, whose turn, decisions) and does each tick's observations, validation,
+rewards and termination for all the dialogues at once. What it produces is exactly what stepping every env
+would: the same observations (float32, bit for bit), actions, per-step rewards and policy-seat infos
+(:meth:`episode`), the same generators handed to the simulator, and, when the wave ends, envs in the state
+``env.step`` would have left them (:meth:`finish`: transcript, counts, outcome), so callers that read an env
+after its dialogue (evaluation records) see no difference. ``tests/test_act_wave.py`` checks this against
+the per-env path under several seeds.
+
+Seats are numbered 0 (the persuader, the policy) and 1 (the persuadee); ``to_act`` is -1 once a dialogue is
+over.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Sequence
+from typing import TYPE_CHECKING, Any
+
+import numpy as np
+
+from simpop.envs.persuasion.acts import DONATING_ACTS, PERSUADEE_ACTS, PERSUADER_ACTS, REFUSING_ACTS
+from simpop.envs.persuasion.model import AMOUNT_LEVELS
+
+if TYPE_CHECKING:
+    from simpop.envs.persuasion.env import PersuasionActEnv
+
+logger = logging.getLogger(__name__)
+
+POLICY, USER, DONE = 0, 1, -1
+_N_ER, _N_EE, _N_AMOUNTS = len(PERSUADER_ACTS), len(PERSUADEE_ACTS), len(AMOUNT_LEVELS)
+_IS_DONATING = np.array([a in DONATING_ACTS for a in PERSUADEE_ACTS])
+_IS_DECISION = np.array([a in DONATING_ACTS or a in REFUSING_ACTS for a in PERSUADEE_ACTS])
+_LEVELS = np.array(AMOUNT_LEVELS)
+
+
+class ActWave:
+    """The dialogues of one wave, one per env of ``envs`` (all built alike: the same ``max_turns``).
+
+    Args:
+        envs: The wave's envs; row ``i`` is played in ``envs[i]``.
+    """
+
+    def __init__(self, envs: Sequence[PersuasionActEnv]):
+        if not envs:
+            raise ValueError("a wave needs at least one env")
+        first = envs[0]
+        if any(e.max_turns != first.max_turns for e in envs):
+            raise ValueError("the envs of a wave must share max_turns")
+        self.envs = list(envs)
+        self.max_turns, self.max_steps = first.max_turns, first.max_steps
+        self.seats = (first.policy_seat, first.user_seat)
+        self.action_n = (_N_ER, _N_EE * _N_AMOUNTS)
+
+    def reset(self, seeds: Sequence[int], scenario_ids: Sequence[str]) -> None:
+        """Start row ``i``'s dialogue in ``envs[i]`` as ``env.reset(seed=seeds[i], options={"scenario_id": ...})``
+        would (the same generator draws, in the same order)."""
+        n = len(self.envs)
+        if not len(seeds) == len(scenario_ids) == n:
+            raise ValueError(f"reset needs one seed and one scenario per env ({n}), got {len(seeds)}, "
+                             f"{len(scenario_ids)}")
+        for env, seed, scenario_id in zip(self.envs, seeds, scenario_ids):
+            if scenario_id not in env._scenarios:
+                env.reset(seed=seed, options={"scenario_id": scenario_id})  # raises the env's own KeyError
+            env.np_random = np.random.default_rng(seed)
+            env.scenario = env._scenarios[scenario_id]
+            env.user_seed = int(env.np_random.integers(2**63 - 1))
+            env.agents = list(env.possible_agents)
+            env.transcript = []
+            env.steps = 0
+            env.to_act = env.first_seat
+            env._errors = {}
+            env._start()
+        self.to_act = np.zeros(n, np.int64)
+        self.steps = np.zeros(n, np.int64)
+        self.counts = np.zeros((n, _N_ER), np.float32)
+        self.n_acts = np.zeros(n, np.int64)
+        # The last act of each seat, in the other seat's one-hot (the extra slot = none yet).
+        self.last = (np.full(n, _N_ER, np.int64), np.full(n, _N_EE, np.int64))
+        self.donation = np.full(n, np.nan)
+        self.terminated = np.zeros(n, bool)
+        # History, one column per step: who acted, the action's code (-1 if rejected), the observations acted on.
+        self.seat_log = np.zeros((n, self.max_steps), np.int8)
+        self.code_log = np.zeros((n, self.max_steps), np.int64)
+        self.obs_log = (np.zeros((n, self.max_steps, _N_EE + 1 + _N_ER + 2), np.float32),
+                        np.zeros((n, self.max_steps, _N_ER + 1 + _N_ER + 2), np.float32))
+        self.obs_count = (np.zeros(n, np.int64), np.zeros(n, np.int64))
+        #: (row, step) -> why the action was rejected; (row, step) -> an action that is not a plain int, as given.
+        self.errors: dict[tuple[int, int], str] = {}
+        self.raw: dict[tuple[int, int], Any] = {}
+
+    def user_rngs(self) -> list[np.random.Generator]:
+        return [env.user_rng() for env in self.envs]
+
+    def pending(self, seat: int) -> np.ndarray:
+        """The rows whose dialogue awaits ``seat``, in row order."""
+        return np.flatnonzero(self.to_act == seat)
+
+    def observe(self, rows: np.ndarray, seat: int) -> np.ndarray:
+        """``seat``'s observations in ``rows`` (all to act), ``[len(rows), dim]``, as the env builds them; they
+        are kept as the observations the seat acted on."""
+        head = (_N_EE if seat == POLICY else _N_ER) + 1
+        out = np.zeros((len(rows), head + _N_ER + 2), np.float32)
+        out[np.arange(len(rows)), self.last[1 - seat][rows]] = 1.0
+        np.divide(self.counts[rows], self.max_turns, out=out[:, head:head + _N_ER])
+        out[:, -2] = self.n_acts[rows].astype(np.float32) / np.float32(self.max_turns)
+        out[:, -1] = 1.0
+        self.obs_log[seat][rows, self.obs_count[seat][rows]] = out
+        self.obs_count[seat][rows] += 1
+        return out
+
+    def step(self, rows: np.ndarray, seat: int, actions: Sequence[Any]) -> np.ndarray:
+        """Apply ``seat``'s ``actions`` in ``rows``; the rows whose dialogue just ended."""
+        codes, ok = self._validate(rows, seat, actions)
+        k = self.steps[rows]
+        self.seat_log[rows, k] = seat
+        self.code_log[rows, k] = np.where(ok, codes, -1)
+        self.steps[rows] = k + 1
+        good, codes = rows[ok], codes[ok]
+        if seat == POLICY:
+            self.counts[good, codes] += 1
+            self.n_acts[good] += 1
+            self.last[POLICY][good] = codes
+            self.to_act[good] = USER
+        else:
+            acts = codes // _N_AMOUNTS
+            self.last[USER][good] = acts
+            self.to_act[good] = POLICY
+            decided = _IS_DECISION[acts]
+            self.donation[good[decided]] = np.where(_IS_DONATING[acts], _LEVELS[codes % _N_AMOUNTS], 0.0)[decided]
+            self.terminated[good[decided]] = True
+        ended = rows[self.terminated[rows] | (self.steps[rows] >= self.max_steps)]
+        self.to_act[ended] = DONE
+        return ended
+
+    def _validate(self, rows: np.ndarray, seat: int, actions: Sequence[Any]) -> tuple[np.ndarray, np.ndarray]:
+        """Each action's code and whether the env accepts it (``PersuasionActEnv._validate``, row by row)."""
+        if len(actions) != len(rows):
+            raise ValueError(f"got {len(actions)} actions for {len(rows)} dialogues")
+        n, space = self.action_n[seat], self.envs[0].action_space(self.seats[seat])
+        codes, ok = np.zeros(len(rows), np.int64), np.ones(len(rows), bool)
+        for j, action in enumerate(actions):
+            if type(action) is int and 0 <= action < n:  # the common case
+                codes[j] = action
+                continue
+            row, step = int(rows[j]), int(self.steps[rows[j]])
+            self.raw[row, step] = action
+            if isinstance(action, (bool, np.bool_)):
+                good = False
+            elif isinstance(action, (int, np.integer)):
+                good = 0 <= action < n
+            else:
+                good = space.contains(action)
+            if good:
+                codes[j] = int(action)
+            else:
+                ok[j] = False
+                self.errors[row, step] = f"action must be an int in [0, {n}), got {action!r}"
+                if seat == USER:
+                    logger.debug("user-seat action rejected (%s): %.200r", self.errors[row, step], action)
+        return codes, ok
+
+    def policy_return(self, rows: np.ndarray) -> list[float]:
+        """The persuader's return in ``rows`` (1 for a dialogue that ended with a donation, else 0)."""
+        return [float(d > 0) for d in self.donation[rows]]
+
+    def episode(self, row: int) -> dict[str, Any]:
+        """Row ``row``'s dialogue as the rollout engine records it from ``env.step``: per seat the observations
+        acted on, the actions and the rewards; the policy seat's info after each step; how it ended."""
+        n = int(self.steps[row])
+        seats = self.seat_log[row, :n].tolist()
+        codes = self.code_log[row, :n].tolist()
+        actions: dict[str, list[Any]] = {s: [] for s in self.seats}
+        for step, (seat, code) in enumerate(zip(seats, codes)):
+            actions[self.seats[seat]].append(self.raw.get((row, step), code))  # rejected ones are all in raw
+        observations = {name: list(self.obs_log[s][row, :int(self.obs_count[s][row])])
+                        for s, name in enumerate(self.seats)}
+        terminated = bool(self.terminated[row])
+        donation = float(self.donation[row]) if terminated else None
+        reward = float(donation is not None and donation > 0)
+        base = {"scenario_id": self.envs[row].scenario.id, "donation": None, "donated": False, "outcome_source": None}
+        infos = [{"to_act": self.seats[seat], **base} for seat in seats[1:]]
+        end = {"donation": donation, "donated": reward > 0,
+               "outcome_source": "decided_in_dialogue" if terminated else None}
+        infos.append({"to_act": None, **base, **end})
+        for (r, step), error in self.errors.items():
+            if r == row and seats[step] == POLICY:
+                infos[step]["invalid_action"] = error
+        user_rejected = sum(1 for (r, step) in self.errors if r == row and seats[step] == USER)
+        return {"observations": observations, "actions": actions,
+                "rewards": {self.seats[POLICY]: [0.0] * (n - 1) + [reward], self.seats[USER]: [0.0] * n},
+                "total_reward": reward, "success": reward > 0, "infos": infos, "terminated": terminated,
+                "truncated": not terminated, "user_rejected": user_rejected}
+
+    def finish(self) -> None:
+        """Leave every env as stepping it would have, also when the wave stopped early (a policy or simulator
+        raised): the transcript so far is rendered when it is first read."""
+        for row, env in enumerate(self.envs):
+            n = int(self.steps[row])
+            seats, codes = self.seat_log[row, :n].tolist(), self.code_log[row, :n].tolist()
+            to_act = int(self.to_act[row])
+            env.steps, env.to_act = n, None if to_act == DONE else self.seats[to_act]
+            if to_act == DONE:
+                env.agents = []
+            last_error = self.errors.get((row, n - 1))
+            env._errors = {self.seats[seats[-1]]: last_error} if last_error else {}
+            if self.terminated[row]:
+                env._decide(float(self.donation[row]), "decided_in_dialogue")
+            env._counts = self.counts[row].copy()
+            env._n_acts = int(self.n_acts[row])
+            env._last = {self.seats[POLICY]: int(self.last[POLICY][row]), self.seats[USER]: int(self.last[USER][row])}
+            env._pending.extend((self.seats[s], c) for s, c in zip(seats, codes) if c >= 0)
