@@ -456,10 +456,11 @@ class RolloutEngine:
                 actions = self.policy.act_batch(list(wave.observe(policy_rows, 0)), rng)  # type: ignore[union-attr]
                 self.stats.policy_s += time.perf_counter() - t0
                 self.stats.policy_calls += 1
-                policy_actions = list(actions)
+                policy_actions = _counted(actions, len(policy_rows), f"policy {type(self.policy).__name__}")
             if len(user_rows):
                 t0 = time.perf_counter()
-                replies = self.simulator.act_batch(list(wave.observe(user_rows, 1)), user_rows.tolist())
+                replies = _counted(self.simulator.act_batch(list(wave.observe(user_rows, 1)), user_rows.tolist()),
+                                   len(user_rows), f"simulator {type(self.simulator).__name__}")
                 self.stats.simulator_s += time.perf_counter() - t0
                 self.stats.simulator_calls += 1
                 ended.append(wave.step(user_rows, 1, replies))
