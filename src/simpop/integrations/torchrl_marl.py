@@ -68,6 +68,8 @@ class MarlConfig(PPOConfig):
     """Both seats: ``realism`` is the reference simulator spec whose reply distribution rewards the user seat."""
 
     realism: str = "persuadee"
+    #: The user seat may give the replies the reference gives with at least this probability.
+    realism_floor: float = 0.02
     #: 1.0 with unnormalised advantages makes the user seat's objective -KL(user || reference).
     user_entropy: float = 1.0
 
@@ -146,7 +148,8 @@ def _train(env: EnvBase, seats: list[_Seat], config: PPOConfig,
 
 def make_marl_env(config: MarlConfig, seed: int | None = None) -> PettingZooWrapper:
     """The two-seat TorchRL env: TorchRL's PettingZoo wrapper around :class:`MarlView`, one group per seat."""
-    view = MarlView(simpop.make(config.env_id, **config.env_kwargs), realism=config.realism)
+    view = MarlView(simpop.make(config.env_id, **config.env_kwargs), realism=config.realism,
+                    floor=config.realism_floor)
     return PettingZooWrapper(view, group_map=MarlGroupMapType.ONE_GROUP_PER_AGENT, categorical_actions=True,
                              seed=config.seed if seed is None else seed)
 

@@ -42,13 +42,12 @@ except ImportError as error:  # pragma: no cover - exercised only without the ex
                       "pip install 'simpop[verifiers]', or `make verifiers-env`") from error
 
 import simpop
-from simpop.envs.dialogue import DialogueEnv, parse_observation
-from simpop.seat import SURVEY_KEY, SimulatorSpec
+from simpop.envs.dialogue import DialogueEnv, TextSpace
+from simpop.integrations.turns import instructions, next_message
+from simpop.seat import SimulatorSpec
 
 #: The plugin id verifiers loads this taskset, env and harness by.
 PLUGIN_ID = "simpop-verifiers"
-#: The policy's first user message when it speaks first (a chat model needs one; simpop's own seats see none).
-KICKOFF = "(The conversation starts now. Write your first message.)"
 
 
 class SimpopTasksetConfig(vf.TasksetConfig):
@@ -113,8 +112,7 @@ class SimpopEnv(vf.Env[SimpopEnvConfig]):
         observations, _ = env.reset(seed=data.seed, options={"scenario_id": data.scenario_id})
         roles = {env.policy_seat: "policy", env.user_seat: "user"}
         seat_tasks = {seat: vf.Task(vf.TaskData(idx=data.idx, name=f"{data.name}:{seat}", prompt=None,
-                                                system_prompt=parse_observation(observations[seat]).get(
-                                                    "instructions")))
+                                                system_prompt=instructions(observations[seat])))
                       for seat in roles}
         rewards = {seat: 0.0 for seat in roles}
         infos: dict[str, dict[str, Any]] = {seat: {} for seat in roles}
@@ -144,24 +142,9 @@ class SimpopEnv(vf.Env[SimpopEnvConfig]):
             trace.info["simpop"] = {**summary, "seat": seat}
 
 
-def next_message(observation: str) -> str:
-    """A seat's next user message from its text observation: what the other seat said since this seat's last turn,
-    the env's note when its last message was rejected, the closing-survey question when asked; else KICKOFF."""
-    view = parse_observation(observation)
-    messages = view["messages"]
-    start = max((i + 1 for i, m in enumerate(messages) if m["role"] == "assistant"), default=0)
-    parts = [m["content"] for m in messages[start:]]
-    if view.get("error"):
-        parts.append(f"(Your last message was not accepted: {view['error']} Please answer again.)")
-    survey = view.get(SURVEY_KEY)
-    if isinstance(survey, dict) and isinstance(survey.get("question"), str):
-        parts.append(survey["question"])
-    return "\n\n".join(parts) if parts else KICKOFF
-
-
 def _make(env_id: str, env_kwargs: dict[str, Any]) -> DialogueEnv:
     env = simpop.make(env_id, **env_kwargs)
-    if not isinstance(env.observation_space(env.policy_seat), simpop.envs.dialogue.TextSpace):
+    if not isinstance(env.observation_space(env.policy_seat), TextSpace):
         raise ValueError(f"{env_id} is not a text env (its observations are not text); verifiers agents chat, "
                          f"so use a text env such as simpop/Persuasion-v1")
     return env
