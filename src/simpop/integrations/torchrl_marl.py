@@ -11,8 +11,8 @@ advantages: its objective is ``-KL(user || reference)`` at every turn.
 The policy seat alone (:func:`train_policy_seat`): TorchRL's ``GymWrapper`` around simpop's single-agent view
 ``gymnasium.make(env_id, simulator=population)``, the same PPO.
 
-:func:`success_rate` scores a trained policy seat against any simulator on fixed seeds, so "the policy learned" is
-measured against a fixed opponent, not the co-trained one.
+:func:`success_rate` scores a policy seat (trained, or uniformly random) on fixed seeds against a simulator or a
+trained user seat, so learning is measured against a frozen opponent.
 """
 
 from __future__ import annotations
@@ -223,22 +223,36 @@ def train_policy_seat(population: Any, config: PPOConfig | None = None,
     return Trained(history, {simpop.make(config.env_id).policy_seat: seat.net})
 
 
-def success_rate(policy: nn.Module | None, simulator: str, env_id: str = "simpop/PersuasionAct-v0",
-                 episodes: int = 200, seed: int = 10_000) -> float:
-    """The policy seat's mean outcome against ``simulator`` (a spec) on seeds ``seed ..``: greedy ``policy`` (the
-    argmax of its logits for the seat's observation), or uniform random actions when ``policy`` is None."""
-    env = gymnasium.make(env_id, simulator=lambda: build_simulator(simulator, env=simpop.make(env_id)))
-    rng, total = np.random.default_rng(seed), 0.0
+def success_rate(policy: nn.Module | None, opponent: str | nn.Module, config: MarlConfig | None = None,
+                 episodes: int = 300, seed: int = 10_000) -> float:
+    """The policy seat's mean outcome on seeds ``seed ..``, its actions sampled from ``policy``'s logits (uniformly at
+    random when ``policy`` is None), against ``opponent``: a simulator spec, or a trained user seat's logits network
+    (its replies sampled within :class:`MarlView`'s realism mask, as in training)."""
+    config = config or MarlConfig()
+    view = MarlView(simpop.make(config.env_id, **config.env_kwargs), realism=config.realism,
+                    floor=config.realism_floor)
+    dialogue = view.dialogue
+    simulator = build_simulator(opponent, env=dialogue) if isinstance(opponent, str) else None
+    generator, total = torch.Generator().manual_seed(seed), 0.0
+
+    def sample(net: nn.Module | None, observation: np.ndarray, mask: np.ndarray) -> int:
+        with torch.no_grad():
+            logits = (torch.zeros(len(mask)) if net is None else net(torch.as_tensor(observation))).clone()
+        logits[~torch.as_tensor(mask, dtype=torch.bool)] = -torch.inf
+        return int(torch.multinomial(torch.softmax(logits, -1), 1, generator=generator))
+
     for episode in range(episodes):
-        observation, _ = env.reset(seed=seed + episode)
-        done = False
-        while not done:
-            if policy is None:
-                action = int(rng.integers(env.action_space.n))
+        observations, infos = view.reset(seed=seed + episode)
+        if simulator is not None:
+            simulator.reset(dialogue.scenario, dialogue.user_rng())
+        while not dialogue.done:
+            seat = dialogue.to_act
+            if seat == dialogue.policy_seat:
+                action = sample(policy, observations[seat], infos[seat]["action_mask"])
+            elif simulator is not None:
+                action = simulator.act(observations[seat])
             else:
-                with torch.no_grad():
-                    action = int(policy(torch.as_tensor(observation)).argmax())
-            observation, reward, terminated, truncated, _ = env.step(action)
-            done = terminated or truncated
-        total += float(reward)
+                action = sample(opponent, observations[seat], infos[seat]["action_mask"])
+            observations, rewards, _, _, infos = view.step({seat: action})
+        total += rewards[dialogue.policy_seat]
     return total / episodes
