@@ -107,9 +107,11 @@ def _seat(env: EnvBase, prefix: tuple[str, ...], config: PPOConfig, *, gamma: fl
                               out_keys=[(*prefix, "state_value")])
     loss = ClipPPOLoss(actor, critic, clip_epsilon=clip_epsilon, entropy_coeff=entropy,
                        normalize_advantage=normalize)
+    # Every key per seat, the advantage and value target included: seats sharing them would train on each other's.
     loss.set_keys(reward=(*prefix, "reward"), action=(*prefix, "action"), done=(*prefix, "done"),
                   terminated=(*prefix, "terminated"), value=(*prefix, "state_value"),
-                  sample_log_prob=(*prefix, "sample_log_prob"))
+                  sample_log_prob=(*prefix, "sample_log_prob"), advantage=(*prefix, "advantage"),
+                  value_target=(*prefix, "value_target"))
     loss.make_value_estimator(ValueEstimators.GAE, gamma=gamma, lmbda=config.lmbda)
     return _Seat(prefix, net, actor, loss, torch.optim.Adam(loss.parameters(), lr=config.lr))
 
