@@ -3,11 +3,10 @@
 Libraries that take PettingZoo parallel envs (TorchRL's ``PettingZooWrapper``, RLlib's ``ParallelPettingZooEnv``)
 ask every seat for an action at every step and turn infos into tensors. A :class:`~simpop.envs.dialogue.DialogueEnv`
 has exactly one seat acting per step, string-valued infos, and no reward for the user seat (the benchmark rewards
-the policy). :class:`MarlView`, a PettingZoo ``BaseParallelWrapper``, adds the three missing pieces and nothing else:
+the policy). :class:`MarlView`, a PettingZoo ``BaseParallelWrapper``, adds the missing pieces and nothing else:
 
-- **whose turn**: each seat's info holds ``action_mask``, all ones for the seat to act and only action 0 for the
-  other (whose action the env ignores), so a masked policy spends no gradient on turns that are not its own;
-- **numeric infos**: ``acting`` (1.0 for the seat to act) and ``action_mask`` only;
+- **numeric infos**: ``acting`` (1.0 for the seat to act; the env ignores the other seat's action) and
+  ``action_mask`` (all ones, except the user seat's realism mask on its turns);
 - **a user reward** (optional, ``realism=``): on each of its turns the user seat earns the log-probability of its
   reply under a reference simulator (a ``DistributionalSimulator``, e.g. ``"persuadee"``), and its action mask
   allows only the replies the reference could give there (161 acts x amounts shrink to the ~20 plausible ones, as
@@ -32,11 +31,11 @@ from simpop.seat import DistributionalSimulator, Simulator
 from simpop.simulators.registry import build_simulator
 
 #: The replies a reference gives with at least this probability are the ones the user seat may choose.
-FLOOR = 1e-6
+FLOOR = 0.02
 
 
 class MarlView(BaseParallelWrapper):
-    """A dialogue env as a MARL library's parallel env: action masks, numeric infos, optionally a user reward.
+    """A dialogue env as a MARL library's parallel env: numeric infos, optionally a user reward and its mask.
 
     Args:
         env: A :class:`DialogueEnv` with ``Discrete`` action spaces (``simpop.make("simpop/PersuasionAct-v0")``).
@@ -93,9 +92,7 @@ class MarlView(BaseParallelWrapper):
         for seat in seats if seats is not None else self.agents:
             n = self.env.action_space(seat).n
             acting = self.dialogue.to_act == seat
-            if not acting and self.dialogue.to_act is not None:
-                mask = np.eye(1, n, 0, np.int8)[0]  # off turn: one action, ignored by the env
-            elif acting and self.realism is not None and seat == self.dialogue.user_seat:
+            if acting and self.realism is not None and seat == self.dialogue.user_seat:
                 self._reference = {int(a): p for a, p in self.realism.distribution(self._observations[seat], 0)}
                 mask = np.zeros(n, np.int8)
                 mask[[a for a, p in self._reference.items() if p >= self.floor]] = 1

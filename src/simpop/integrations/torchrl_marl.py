@@ -2,8 +2,8 @@
 
 Both seats (:func:`train_both_seats`): the recipe of TorchRL's multi-agent PPO tutorial with one group per seat (the
 seats have different observation and action spaces): TorchRL's own ``PettingZooWrapper`` around
-:class:`~simpop.integrations.marl.MarlView`, a masked categorical actor and a critic per seat, ``Collector``, ``GAE``
-and ``ClipPPOLoss`` per seat. The policy seat is rewarded by the benchmark (``gamma`` 1: the episode's outcome). The
+:class:`~simpop.integrations.marl.MarlView`, a categorical actor (masked for the user seat) and a critic per seat,
+``Collector``, ``GAE`` and ``ClipPPOLoss`` per seat. The policy seat is rewarded by the benchmark (``gamma`` 1: the episode's outcome). The
 user seat is rewarded by ``MarlView``'s realism reward, ``log p_reference(reply)``, per reply (``gamma`` 0: a
 contextual bandit, so ending dialogues early neither pays nor costs) with entropy coefficient 1 and unnormalised
 advantages: its objective is ``-KL(user || reference)`` at every turn.
@@ -177,8 +177,10 @@ def train_both_seats(config: MarlConfig | None = None, log: Callable[[str], Any]
     dialogue = simpop.make(config.env_id, **config.env_kwargs)
     policy, user = dialogue.policy_seat, dialogue.user_seat
     env = _batched(lambda seed: make_marl_env(config, seed), config)
+    # The policy seat samples from all its acts (off turn the env ignores them). Masking its off-turn steps to one
+    # action made its success fall even against a frozen user (docs/integrations.md); unmasked, it learns.
     seats = {policy: _seat(env, (policy,), config, gamma=1.0, entropy=config.policy_entropy, normalize=True,
-                           masked=True, clip_epsilon=config.clip_epsilon),
+                           masked=False, clip_epsilon=config.clip_epsilon),
              user: _seat(env, (user,), config, gamma=0.0, entropy=config.user_entropy, normalize=False,
                          masked=True, clip_epsilon=config.clip_epsilon)}
 
