@@ -60,6 +60,7 @@ from simpop.envs.persuasion.outcome import parse_donation
 
 REALISM_VERSION = "p4g-realism-v1"
 LEVELS = ("act", "text")
+_ENV_IDS = {"act": "simpop/PersuasionAct-v0", "text": "simpop/Persuasion-v1"}
 #: Statistic -> (levels it is measured at, distance name).
 STATISTICS: dict[str, tuple[tuple[str, ...], str]] = {
     "donor_rate": (LEVELS, "abs"), "amount": (LEVELS, "tv"), "decision_rate": (LEVELS, "abs"),
@@ -340,18 +341,24 @@ def shipped_reference() -> dict[str, Any]:
 # ---------------------------------------------------------------------------------------------- simulators
 def simulator_conversations(spec: str, level: str, episodes: int, seed: int = 0,
                             backends: dict | None = None) -> list[Conversation]:
-    """``episodes`` dialogues of simulator ``spec`` against the reference persuader, at ``level`` (act level: the
-    env transcript's acts; text level: its texts)."""
+    """``episodes`` dialogues of simulator ``spec`` against the reference persuader, at ``level``."""
+    from simpop.envs.registration import make
+    from simpop.simulators.registry import build_simulator
+
+    simulator = build_simulator(spec, env=make(_ENV_IDS[level]), backends={} if backends is None else backends)
+    return conversations_of(simulator, level, episodes, seed)
+
+
+def conversations_of(simulator: Any, level: str, episodes: int, seed: int = 0) -> list[Conversation]:
+    """``episodes`` dialogues of ``simulator`` (a simulator or population built for ``level``'s env) against the
+    reference persuader (act level: the env transcript's acts; text level: its texts)."""
     from simpop.envs.registration import make
     from simpop.evaluation.panel import EnvPool, begin_wave
     from simpop.evaluation.policies import ReferencePersuader
     from simpop.rollout import RolloutEngine
-    from simpop.simulators.registry import build_simulator
 
-    env_id = "simpop/PersuasionAct-v0" if level == "act" else "simpop/Persuasion-v1"
-    simulator = build_simulator(spec, env=make(env_id), backends={} if backends is None else backends)
     policy = ReferencePersuader(text=level == "text")
-    pool = EnvPool(lambda: make(env_id))
+    pool = EnvPool(lambda: make(_ENV_IDS[level]))
     engine = RolloutEngine(pool.factory(), policy, simulator)
     begin_wave(policy, pool.take(episodes))
     out = []

@@ -43,8 +43,12 @@ training simulator in persona, decoding and model (checked by :meth:`Panel.check
 
 **Other panels.** At the act level every evaluation also runs a *robustness panel* built by another procedure
 (:func:`robust_panel_specs`: strategy effects permuted rather than jittered, personas with uniform attributes,
-temperatures 0.7, 1.1, 1.5), and with ``corpus_panel`` a panel of persuadees fitted to a P4G corpus
-(:func:`corpus_panel_specs`). Neither is used to choose anything.
+temperatures 0.7, 1.1, 1.5), the **human-fitted panel** ``human_panel`` (default ``p4g-act-human-v1``: persuadees
+fitted to the public P4G corpus, shipped; ``none`` leaves it out, as reports before it had), and with
+``corpus_panel`` a panel of persuadees fitted to a P4G corpus folder (:func:`corpus_panel_specs`). None of them is
+used to choose anything. At the act level the last evaluation also scores each run's training simulator(s) with the
+realism index (:mod:`simpop.evaluation.realism`, ``realism_index``): how far from people the simulator trained
+against is.
 
 **Objective ablations.** ``cotrain+<objective>`` and ``population+<objective>`` are conditions too: the same
 co-training with another :attr:`~simpop.train.cotrain.CoTrainConfig.objective` (:func:`condition_cotrain`), paired
@@ -93,6 +97,8 @@ ROBUST_SEED = 9091
 #: The corpus panel (act level, with ``corpus_panel``): models fitted to corpus resamples, at these temperatures.
 CORPUS_PANEL_TEMPERATURES = (0.9, 1.1, 1.3)
 CORPUS_SEED = 2019
+#: Dialogues the training simulator plays for its realism index at the last evaluation (act level).
+REALISM_EPISODES = 128
 #: Text level: LLM members added to the panel (held-out personas, these temperatures); they share the
 #: training simulators' model (the one embedded LLM), so they are held out by persona and decoding only.
 TEXT_PANEL_LLM_TEMPERATURES = (0.7,)
@@ -100,10 +106,10 @@ ENV_IDS = {"act": "simpop/PersuasionAct-v0", "text": "simpop/Persuasion-v1"}
 #: Defaults that depend on the level (fields left at None take these).
 LEVEL_DEFAULTS: dict[str, dict[str, Any]] = {
     "act": {"seeds": 12, "updates": 200, "eval_every": 20, "eval_episodes": 64, "max_turns": 10, "workers": 2,
-            "conditions": CONDITIONS, "robust_panel": True},
+            "conditions": CONDITIONS, "robust_panel": True, "human_panel": "p4g-act-human-v1"},
     # Sized to finish within an hour on two CPU cores (docs/text-collapse.md has the measured run).
     "text": {"seeds": 1, "updates": 16, "eval_every": 8, "eval_episodes": 16, "max_turns": 2, "workers": 1,
-             "conditions": ("frozen", "verbalized"), "robust_panel": False},
+             "conditions": ("frozen", "verbalized"), "robust_panel": False, "human_panel": "none"},
 }
 
 
@@ -169,6 +175,9 @@ class CollapseConfig:
         heldout_seed: Seed of the held-out personas and models.
         robust_panel: Also evaluate on the robustness panel (:func:`robust_panel_specs`), built by another
             procedure than the held-out panel; None: act yes, text no (its evaluations cost LLM time).
+        human_panel: A shipped panel (:mod:`simpop.evaluation.panels`) evaluated as the human-fitted panel, or
+            ``none``; None: act ``p4g-act-human-v1``, text ``none``. ``--human-panel none`` reproduces reports made
+            before it was the default.
         corpus_panel: A P4G corpus folder (not shipped; :mod:`simpop.envs.persuasion.corpus`): also evaluate on
             persuadees fitted to it (:func:`corpus_panel_specs`); None: no corpus panel.
         sim_model: Text level: the simulators' model (backend spec; co-training needs an in-process
@@ -195,6 +204,7 @@ class CollapseConfig:
     heldout_personas: int = 300
     heldout_seed: int = 4242
     robust_panel: bool | None = None
+    human_panel: str | None = None
     corpus_panel: str | None = None
     sim_model: str | None = None
     workers: int | None = None
@@ -237,6 +247,13 @@ class CollapseConfig:
              f"verbalized_tau must be > 0 and verbalized_floor in [0, 1); got {self.verbalized_tau}, "
              f"{self.verbalized_floor}")
         need(self.threads is None or self.threads >= 1, f"threads must be >= 1 or None, got {self.threads}")
+        if self.human_panel != "none":
+            from simpop.evaluation.panels import panel_definition
+
+            try:
+                panel_definition(self.human_panel).check_env(self.env_id)
+            except ValueError as error:
+                need(False, f"human_panel: {error} (or 'none')")
         if self.corpus_panel is not None:
             need(Path(self.corpus_panel).is_dir(), f"corpus_panel {self.corpus_panel}: no such folder")
             object.__setattr__(self, "corpus_panel", str(Path(self.corpus_panel).resolve()))
@@ -336,10 +353,14 @@ def corpus_panel_specs(config: CollapseConfig) -> dict[str, str]:
 
 
 def extra_panels(config: CollapseConfig) -> dict[str, dict[str, str]]:
-    """The panels evaluated besides the held-out one (name -> member specs): ``robust``, ``corpus``."""
+    """The panels evaluated besides the held-out one (name -> member specs): ``robust``, ``human``, ``corpus``."""
+    from simpop.evaluation.panels import panel_definition
+
     panels = {}
     if config.robust_panel:
         panels["robust"] = robust_panel_specs(config)
+    if config.human_panel != "none":
+        panels["human"] = dict(panel_definition(config.human_panel).members)
     if config.corpus_panel:
         panels["corpus"] = corpus_panel_specs(config)
     return panels
@@ -438,6 +459,8 @@ def run_one(config: CollapseConfig, condition: str, seed: int, out: Path, resume
                 record.update({f"{name}_success": result.success,
                                f"{name}_outcomes": [int(r.success) for r in result.records],
                                **{f"{name}/{k}": v for k, v in result.per_member.items()}})
+            if step == config.updates and config.level == "act":  # after training: nothing later depends on it
+                record.update(training_realism(trainer.training_simulator, eval_seed))
             return record
 
         loop = LoopConfig(save_every=config.eval_every, keep_checkpoints=2, eval_every=config.eval_every,
@@ -447,6 +470,15 @@ def run_one(config: CollapseConfig, condition: str, seed: int, out: Path, resume
     finally:
         torch.set_num_threads(threads)
     return run_dir
+
+
+def training_realism(simulator: Any, seed: int) -> dict[str, Any]:
+    """The realism index of a run's training simulator(s) against the shipped people's statistics (act level)."""
+    from simpop.evaluation.realism import conversations_of, score, shipped_reference
+
+    result = score(conversations_of(simulator, "act", REALISM_EPISODES, seed), shipped_reference(), "act",
+                   seed=seed)
+    return {"realism_index": result.index, "realism_ci": list(result.ci)}
 
 
 def evaluate_run(env_id: str, trainer: Any, panel: Any, episodes: int, seed: int,
@@ -505,6 +537,8 @@ def summarise(records: Sequence[dict[str, Any]], config: CollapseConfig, descrip
             for name in extra_panels(config):
                 row.update({f"{name}_success": last[f"{name}_success"],
                             f"initial_{name}_success": first[f"{name}_success"]})
+            if "realism_index" in last:
+                row["realism_index"] = last["realism_index"]
             for key, value in row.items():
                 values.setdefault(key, []).append(float(value))
             units = {"train_success": [last.get("train_outcomes")], "heldout_success": [last.get("heldout_outcomes")],
@@ -526,6 +560,7 @@ def summarise(records: Sequence[dict[str, Any]], config: CollapseConfig, descrip
                   "batch_size": config.grpo.batch_size, "eval_every": config.eval_every,
                   "eval_episodes": config.eval_episodes, "panel": panel_description(config),
                   "robust_panel": robust_panel_description(config) if config.robust_panel else None,
+                  "human_panel": human_panel_description(config) if config.human_panel != "none" else None,
                   "corpus_panel": corpus_panel_description(config) if config.corpus_panel else None,
                   "config": to_dict(config)},
         "wall_time_s": wall_time_s,
@@ -582,6 +617,13 @@ def robust_panel_description(config: CollapseConfig) -> str:
             "corpus donor rate, sampled at temperatures " + ", ".join(f"{t:g}" for t in ROBUST_PANEL_TEMPERATURES)
             + f", playing {config.heldout_personas} personas whose every attribute is uniform over its values (not "
               "the population sampler's marginals): built by another procedure than the held-out panel")
+
+
+def human_panel_description(config: CollapseConfig) -> str:
+    """The human-fitted panel, for the report."""
+    from simpop.evaluation.panels import panel_definition
+
+    return f"`{config.human_panel}`: " + panel_definition(config.human_panel).description
 
 
 def corpus_panel_description(config: CollapseConfig) -> str:
