@@ -40,12 +40,12 @@ def main() -> None:
         trainer = build_trainer(condition, config, 0, env)
         heldout, robust, human = (build_panel(config, env, name=n) for n in ("heldout", "robust", "human"))
         trainer.step()  # warm-up
+        episodes, kwargs = config.eval_episodes, config.env_kwargs()
         parts = {
             "update": lambda: trainer.step(),
-            "before": lambda: (evaluate_run(config.env_id, trainer, heldout, config.eval_episodes, 1, config.env_kwargs()),
-                               evaluate(config.env_id, trainer.policy, robust, config.eval_episodes, 1,
-                                        config.env_kwargs())),
-            "human": lambda: evaluate(config.env_id, trainer.policy, human, config.eval_episodes, 1, config.env_kwargs()),
+            "before": lambda: (evaluate_run(config.env_id, trainer, heldout, episodes, 1, kwargs),
+                               evaluate(config.env_id, trainer.policy, robust, episodes, 1, kwargs)),
+            "human": lambda: evaluate(config.env_id, trainer.policy, human, episodes, 1, kwargs),
             "realism": lambda: training_realism(trainer.training_simulator, 1),
         }
         best = {name: float("inf") for name in parts}
@@ -57,10 +57,11 @@ def main() -> None:
         u, e, h, r = best["update"], best["before"], best["human"], best["realism"]
         share = (200 * u + 11 * (e + h) + r) / (200 * u + 11 * e)
         shares.append(share)
-        print(f"{condition:>10}: update {u * 1e3:6.1f} ms, evaluation before {e:5.2f} s, human-fitted panel {h:5.2f} s, "
-              f"realism index {r:5.2f} s -> a run takes {share:.2f}x as long")
+        print(f"{condition:>10}: update {u * 1e3:6.1f} ms, evaluation before {e:5.2f} s, human-fitted panel "
+              f"{h:5.2f} s, realism index {r:5.2f} s -> a run takes {share:.2f}x as long")
     mean = sum(shares) / len(shares)
-    print(f"mean over conditions: {mean:.2f}x; make run's experiment: {args.before_s:.0f} s -> ~{args.before_s * mean:.0f} s")
+    print(f"mean over conditions: {mean:.2f}x; make run's experiment: {args.before_s:.0f} s -> "
+          f"~{args.before_s * mean:.0f} s")
 
 
 if __name__ == "__main__":

@@ -29,7 +29,8 @@ statistic                 level      what (instrument)                          
 People's act-level statistics come from the annotated dialogues (their act labels), the text-level ones from all
 dialogues' text. The **index** is ``1 - mean distance`` over the level's
 statistics (1: indistinguishable from people by these statistics). Its 95% CI is a bootstrap: replicate ``b``
-resamples the simulator's dialogues and is compared with the people's bootstrap replicate ``b``. The **human
+resamples the simulator's dialogues and is compared with the people's bootstrap replicate ``b``; resampling inflates
+distances, so the percentile interval is shifted by the replicates' mean minus the point value (bias-corrected). The **human
 ceiling** is the index that real dialogues get when scored as a simulator: a random subset of about the simulator's
 sample size (:data:`CEILING_SIZES`, the largest not above it) against the other dialogues, over many subsets (mean
 and 95% interval): how close people come to people at that sample size.
@@ -299,8 +300,8 @@ def human_reference(corpus_dir: str, *, seed: int = 2019, commit: str = "", comm
     levels = {}
     for level in LEVELS:
         sample = Sample(conversations[level], level, embed, seed)
-        levels[level] = {"dialogues": sample.size, "statistics": sample.names,
-                         "point": _plain(sample.statistics()), "replicates": _plain(sample.replicates(replicates, seed)),
+        levels[level] = {"dialogues": sample.size, "statistics": sample.names, "point": _plain(sample.statistics()),
+                         "replicates": _plain(sample.replicates(replicates, seed)),
                          "ceiling": {str(m): ceiling(sample, m, replicates, seed + m) for m in CEILING_SIZES
                                      if 2 * m <= sample.size}}
     return {"version": REALISM_VERSION, "corpus": {"repository": CORPUS_REPOSITORY, "commit": commit,
@@ -393,6 +394,8 @@ def score(conversations: Sequence[Conversation], reference: dict[str, Any], leve
     value, distances = index(sample.statistics(), point, sample.names)
     human = [{n: _array(v) for n, v in r.items()} for r in people["replicates"]]
     values = [index(s, h, sample.names)[0] for s, h in zip(sample.replicates(len(human), seed + 1), human)]
+    bias = float(np.nanmean(values)) - value  # resampling inflates distances: shift the interval back
+    values = [v - bias for v in values]
     sizes = sorted(int(m) for m in people["ceiling"])
     size = max([m for m in sizes if m <= sample.size] or sizes[:1])
     top = people["ceiling"][str(size)]
@@ -445,8 +448,8 @@ def render_realism(summary: dict[str, Any]) -> str:
     lines = ["# Realism index (P4G persuadees)", "",
              f"People: {ref['corpus']['repository']} @ {ref['corpus']['commit'][:12] or '?'} "
              f"({ref['corpus']['dialogues']} dialogues; statistics {ref['source']}). Index = 1 - mean distance to the "
-             "people's statistics, 95% bootstrap CI; ceiling = the same index between two disjoint sets of real "
-             "dialogues of about the simulator's sample size.", ""]
+             "people's statistics, 95% bias-corrected bootstrap CI; human ceiling = the index of real dialogues scored "
+             "as a simulator (a random set of about the simulator's sample size against the other dialogues).", ""]
     for level in LEVELS:
         rows = [s for s in summary["scores"] if s["level"] == level]
         if not rows:

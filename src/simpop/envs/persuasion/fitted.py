@@ -5,8 +5,8 @@ simpop ships no P4G corpus file. It ships one JSON file, ``data/p4g-fit-v1.json`
 the public corpus (repository and commit in its ``corpus`` field, with the SHA-256 of each file read) and the command
 that remakes it (``command``)::
 
-    simpop fit-p4g --corpus DIR                  # writes the fit and the realism statistics (see simpop.evaluation.realism)
-    simpop fit-p4g --corpus DIR --check          # re-fits and compares with the shipped files (exit 1 if they differ)
+    simpop fit-p4g --corpus DIR            # writes the fit and the realism statistics (simpop.evaluation.realism)
+    simpop fit-p4g --corpus DIR --check    # re-fits and compares with the shipped files (exit 1 if they differ)
 
 What it holds, all fitted on a **training split** (:func:`split`: a seeded 80/20 split of the dialogues, annotated
 and unannotated ones split separately so both halves have annotations) and never on the held-out 20%:

@@ -252,7 +252,7 @@ def model_params(model: str, personas: Sequence[Persona] | None, jitter: float =
 
 @functools.lru_cache(maxsize=16)
 def _fitted(corpus: str, seed: int, index: int) -> PersuadeeParams:
-    """Parameters fitted to bootstrap resample ``index`` of the corpus in folder ``corpus`` (none: the shipped fit's)."""
+    """Parameters fitted to bootstrap resample ``index`` of the corpus in folder ``corpus`` (none: the shipped fit)."""
     from simpop.envs.persuasion.corpus import cached_corpus, fit_params
     from simpop.envs.persuasion.fitted import resample, shipped_params
 
