@@ -30,10 +30,10 @@ People's act-level statistics come from the annotated dialogues (their act label
 dialogues' text. The **index** is ``1 - mean distance`` over the level's
 statistics (1: indistinguishable from people by these statistics). Its 95% CI is a bootstrap: replicate ``b``
 resamples the simulator's dialogues and is compared with the people's bootstrap replicate ``b``; resampling inflates
-distances, so the percentile interval is shifted by the replicates' mean minus the point value (bias-corrected). The **human
-ceiling** is the index that real dialogues get when scored as a simulator: a random subset of about the simulator's
-sample size (:data:`CEILING_SIZES`, the largest not above it) against the other dialogues, over many subsets (mean
-and 95% interval): how close people come to people at that sample size.
+distances, so the percentile interval is shifted by the replicates' mean minus the point value (bias-corrected).
+The **human ceiling** is the index that real dialogues get when scored as a simulator: a random subset of about the
+simulator's sample size (:data:`CEILING_SIZES`, the largest not above it) against the other dialogues, over many
+subsets (mean and 95% interval): how close people come to people at that sample size.
 
 The people's statistics ship as ``data/p4g-realism-v1.json`` (point values, bootstrap replicates and ceilings;
 no text), made from the public corpus by ``simpop fit-p4g`` (:mod:`simpop.evaluation.p4g_fit`); ``--corpus DIR``
@@ -58,6 +58,7 @@ import numpy as np
 from simpop.envs.persuasion.acts import DECISION_ACTS, PERSUADEE_ACTS, PERSUADER_ACTS, STRATEGIES, classify_persuader
 from simpop.envs.persuasion.model import AMOUNT_LEVELS
 from simpop.envs.persuasion.outcome import parse_donation
+from simpop.evaluation.diversity import distinct_n
 
 REALISM_VERSION = "p4g-realism-v1"
 LEVELS = ("act", "text")
@@ -162,8 +163,6 @@ def counts(c: Conversation) -> dict[str, np.ndarray]:
     out["agreement"] = np.array([agree, len(c.turns)], dtype=float)
     out["strategy_response"] = response.ravel()
     lexical = np.zeros(len(LEXICAL_EDGES) + 1)
-    from simpop.evaluation.diversity import distinct_n
-
     value = distinct_n([t.persuadee for t in c.turns], 2)
     if not math.isnan(value):
         lexical[int(np.searchsorted(LEXICAL_EDGES, value, side="right"))] = 1.0
