@@ -26,6 +26,7 @@ from simpop.simulators.population import PanelOverlapError, leaf_simulators
 from simpop.simulators.registry import build_many
 from simpop.simulators.trainable import TrainableLLMSimulator
 from simpop.simulators.verbalized import Renormalised, VerbalizedSimulator
+from simpop.train.config import to_dict
 from simpop.train.cotrain import CoTrainer
 from tests.envs.persuasion.p4g_fixture import write_p4g_corpus
 from tests.simulators.fakes import FakeBackend, FakeTrainableBackend
@@ -280,3 +281,13 @@ def test_human_fitted_panel_is_the_default_third_panel_with_the_realism_index(fi
     human = build_panel(CollapseConfig(**TINY), env, name="human")
     for condition in CONDITIONS:
         human.check_disjoint([build_trainer(condition, CollapseConfig(**TINY), 0, env).training_simulator])
+
+
+def test_a_run_saved_before_the_human_panel_resumes_only_without_it(tmp_path):
+    config = CollapseConfig(**TINY)
+    saved = to_dict(config)
+    del saved["human_panel"]  # a config.json written before the field existed
+    (tmp_path / "runs").mkdir()
+    (tmp_path / "config.json").write_text(json.dumps(saved))
+    with pytest.raises(ValueError, match=r"different settings \(human_panel\)"):
+        run_collapse(config, tmp_path, resume=True, progress=False)

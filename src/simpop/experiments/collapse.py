@@ -736,7 +736,9 @@ def run_collapse(config: CollapseConfig, out: str | Path, resume: bool = False, 
     config_path = out / "config.json"
     saved = to_dict(config)
     if resume and config_path.exists():
-        changed = changed_settings(json.loads(config_path.read_text()), config, CollapseConfig(level=config.level))
+        # runs saved before the human-fitted panel existed had none: resuming them needs --human-panel none
+        earlier = dataclasses.replace(CollapseConfig(level=config.level), human_panel="none")
+        changed = changed_settings(json.loads(config_path.read_text()), config, earlier)
         if changed:
             raise ValueError(f"--resume with different settings ({', '.join(changed)}) than the run in {out}; "
                              f"resume with the same flags or use another --out")
