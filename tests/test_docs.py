@@ -25,7 +25,8 @@ PAGES_WITH_CODE = ["simulators.md", "panels.md", "evaluation.md"]
 #: simpop modules that are not in the API reference, and why (the CLI modules are documented by --help).
 NOT_IN_REFERENCE = {"simpop.cli": "the command", "simpop.evaluation.eval_cli": "`simpop eval`",
                     "simpop.envs.persuasion.demo": "`simpop demo`", "simpop.envs.persuasion": "its own page",
-                    "simpop.envs.tau2": "its own page", "simpop.envs.cooperbench": "its own page"}
+                    "simpop.envs.tau2": "its own page", "simpop.envs.cooperbench": "its own page",
+                    "simpop.integrations.openenv_cli": "`simpop openenv`"}
 FENCE = re.compile(r"^```(?P<info>[^\n]*)\n(?P<body>.*?)^```", re.S | re.M)
 
 
@@ -91,7 +92,7 @@ def _commands() -> list[tuple[str, str]]:
     for page in sorted(DOCS.rglob("*.md")):
         for _, block in _blocks(page, "bash"):
             for line in block.replace("\\\n", " ").splitlines():
-                line = line.split(" #")[0].strip()
+                line = line.split(" #")[0].strip().removesuffix("&").strip()  # `simpop serve ... &` runs in the background
                 if line.startswith("simpop "):
                     commands.append((str(page.relative_to(DOCS)), line))
     return commands

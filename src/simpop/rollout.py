@@ -269,14 +269,31 @@ class VectorWave(Protocol):
 
     envs: list[DialogueEnv]
 
-    def reset(self, seeds: Sequence[int], scenario_ids: Sequence[str]) -> None: ...
-    def user_rngs(self) -> list[np.random.Generator]: ...
-    def pending(self, seat: int) -> np.ndarray: ...
-    def observe(self, rows: np.ndarray, seat: int) -> np.ndarray: ...
-    def step(self, rows: np.ndarray, seat: int, actions: Sequence[Any]) -> np.ndarray: ...
-    def policy_return(self, rows: np.ndarray) -> list[float]: ...
-    def episode(self, row: int) -> dict[str, Any]: ...
-    def finish(self) -> None: ...
+    def reset(self, seeds: Sequence[int], scenario_ids: Sequence[str]) -> None:
+        """Start row ``i``'s dialogue as ``envs[i].reset(seed=seeds[i], options={"scenario_id": scenario_ids[i]})``
+        would."""
+
+    def user_rngs(self) -> list[np.random.Generator]:
+        """Each row's user-seat generator (the env's own), for the simulator's ``reset_batch``."""
+
+    def pending(self, seat: int) -> np.ndarray:
+        """The rows whose dialogue awaits ``seat``, in row order."""
+
+    def observe(self, rows: np.ndarray, seat: int) -> np.ndarray:
+        """``seat``'s observations in ``rows``, one per row, as the env builds them."""
+
+    def step(self, rows: np.ndarray, seat: int, actions: Sequence[Any]) -> np.ndarray:
+        """Apply ``seat``'s ``actions`` (one per row of ``rows``); returns the rows whose dialogue just ended."""
+
+    def policy_return(self, rows: np.ndarray) -> list[float]:
+        """The policy seat's return in each of ``rows`` (ended dialogues), for the simulator's ``feedback``."""
+
+    def episode(self, row: int) -> dict[str, Any]:
+        """Row ``row``'s dialogue as :class:`Trajectory` fields (observations, actions, rewards, infos, how it
+        ended, ``user_rejected``)."""
+
+    def finish(self) -> None:
+        """Leave every env as stepping it would have, also after a wave that stopped early."""
 
 
 @dataclass(frozen=True)

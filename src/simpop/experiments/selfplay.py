@@ -106,6 +106,8 @@ def summarise(records: list[dict[str, Any]]) -> dict[str, Any]:
 
 
 def main(argv: list[str] | None = None) -> int:
+    """``python -m simpop.experiments.selfplay OUT``: run every condition and seed not yet in ``OUT/runs.jsonl``
+    (a stopped run resumes), then write ``OUT/summary.json`` and print it."""
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("out", type=Path)
     parser.add_argument("--seeds", type=int, default=8)

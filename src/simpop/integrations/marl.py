@@ -69,6 +69,8 @@ class MarlView(BaseParallelWrapper):
         self._reference: dict[int, float] = {}  # the reference's reply distribution at the user's turn
 
     def reset(self, seed: int | None = None, options: dict[str, Any] | None = None):
+        """Reset the env (and the realism reference); infos are numeric: ``acting`` (1.0 for the seat to act) and
+        ``action_mask`` (the realism mask for the acting user seat, else all ones)."""
         observations, _ = self.env.reset(seed=seed, options=options)
         if self.realism is not None:
             self.realism.reset_batch([self.dialogue.scenario], [self.dialogue.user_rng()])
@@ -77,6 +79,8 @@ class MarlView(BaseParallelWrapper):
         return observations, self._infos()
 
     def step(self, actions: dict[str, Any]):
+        """Step the env with every seat's action (only the acting seat's counts); an accepted user reply earns
+        the log of its reference probability (at least ``log(floor)``) when ``realism`` is set."""
         user, seat = self.dialogue.user_seat, self.dialogue.to_act
         observations, rewards, terminations, truncations, infos = self.env.step(actions)
         if self.realism is not None and seat == user and "invalid_action" not in infos[user]:

@@ -166,11 +166,14 @@ class ServerCoTrainer:
             future.result()
 
     def close(self) -> None:
+        """Finish the queued updates, then stop the update thread."""
         self.wait()
         self._worker.shutdown()
 
     # ----------------------------------------------------------------- checkpoints
     def state_dict(self) -> dict[str, Any]:
+        """The checkpoint: published weights and versions of every simulator, the optimisers, the update history
+        and the count of stale episodes (dropped as off-policy)."""
         with self._lock:
             return {"simulators": dict(self.published), "versions": dict(self.versions),
                     "optimizers": [o.state_dict() for o in self.step.optimizers], "history": list(self.history),
@@ -209,6 +212,8 @@ class CoTrainedEnvironment(SimpopEnvironment):
         self.playing: dict[str, int] = {}
 
     def reset(self, seed: int | None = None, episode_id: str | None = None, **kwargs: Any):
+        """Load the newest published weights into this session's simulators, then start the episode as
+        :meth:`SimpopEnvironment.reset` does."""
         self.playing = self.cotrainer.sync(self.copies, self.loaded)
         for copy in self.copies.values():
             copy.clear()

@@ -183,6 +183,10 @@ class SimpopEnvironment(Environment[SimpopAction, SimpopObservation, SimpopState
 
     def reset(self, seed: int | None = None, episode_id: str | None = None, scenario_id: str | None = None,
               member: str | None = None, **kwargs: Any) -> SimpopObservation:
+        """Start an episode: the env reset with ``seed`` (and ``scenario_id``, else the env's draw), the user seat
+        filled by the session's simulator, or by panel member ``member`` (default: the seed's turn through the
+        members). Returns the policy seat's first observation (with its token ids when the server tokenizes).
+        Unknown arguments, a bad seed, scenario or member are a ``BadRequest``."""
         if kwargs:
             raise BadRequest(f"unknown reset argument(s) {sorted(kwargs)}; valid: seed, episode_id, scenario_id, "
                              f"member (panel sessions)")
@@ -207,6 +211,9 @@ class SimpopEnvironment(Environment[SimpopAction, SimpopObservation, SimpopState
         return result
 
     def step(self, action: SimpopAction, timeout_s: float | None = None, **kwargs: Any) -> SimpopObservation:
+        """Play the policy's ``action`` (its message, or token ids decoded by the server's tokenizer), then the
+        simulator's replies until the policy is to act again or the episode ends; returns the policy seat's
+        observation, reward and end flags. Without a running episode it raises ``NoEpisode``."""
         if self.seat is None or self.env.done:
             raise NoEpisode("no episode is running in this session: reset first (OpenEnv's HTTP /step is "
                             "stateless; play episodes over the WebSocket session, e.g. SimpopEnvClient)")
@@ -248,10 +255,12 @@ class SimpopEnvironment(Environment[SimpopAction, SimpopObservation, SimpopState
     # generation never holds up the event loop.
     async def reset_async(self, seed: int | None = None, episode_id: str | None = None,
                           **kwargs: Any) -> SimpopObservation:
+        """:meth:`reset`, in a worker thread when the simulators use a model (one model call at a time)."""
         return await self._run(self.reset, seed=seed, episode_id=episode_id, **kwargs)
 
     async def step_async(self, action: SimpopAction, timeout_s: float | None = None,
                          **kwargs: Any) -> SimpopObservation:
+        """:meth:`step`, in a worker thread when the simulators use a model (one model call at a time)."""
         return await self._run(self.step, action, timeout_s, **kwargs)
 
     async def _run(self, method: Callable[..., SimpopObservation], *args: Any, **kwargs: Any) -> SimpopObservation:

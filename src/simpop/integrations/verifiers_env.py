@@ -77,6 +77,7 @@ class SimpopTaskset(vf.Taskset[SimpopTask, SimpopTasksetConfig]):
     """One task per scenario of ``env_id``, in the env's order."""
 
     def load(self) -> Iterator[SimpopTask]:
+        """The tasks: scenario ``i`` of the env (its ``scenario_ids()`` order) with reset seed ``seed + i``."""
         env = _make(self.config.env_id, self.config.env_kwargs)
         for i, scenario_id in enumerate(env.scenario_ids()):
             yield SimpopTask(SimpopData(id=scenario_id, name=f"{self.config.env_id}:{scenario_id}",
@@ -104,9 +105,13 @@ class SimpopEnv(vf.Env[SimpopEnvConfig]):
     """A simpop dialogue between the ``policy`` and ``user`` agents, stepped through the real simpop env."""
 
     async def setup(self, agents: vf.Agents) -> None:
+        """Mark the ``user`` agent trainable when ``user_simulator``'s kind is ``trainable``."""
         agents.user.trainable = user_is_trainable(self.config.user_simulator)
 
     async def run(self, task: SimpopTask, agents: vf.Agents) -> None:
+        """Play ``task``'s dialogue: the seat to act chats its next turn, its reply is the seat's action in the
+        simpop env, until the env is done (or an agent's own limits end its run: the dialogue stops undecided).
+        Each agent's trace gets its seat's reward as ``outcome``, the metrics, and ``info["simpop"]``."""
         data = task.data
         env = _make(data.env_id, data.env_kwargs)
         observations, _ = env.reset(seed=data.seed, options={"scenario_id": data.scenario_id})
@@ -185,9 +190,11 @@ class SimpopChatHarness(NullHarness):
         return _ThisInterpreter(runtime)
 
     async def setup(self, runtime: Any) -> None:
+        """The ``null`` harness's setup on ``runtime`` (a subprocess runtime; others are refused)."""
         await super().setup(self._local(runtime))
 
     async def launch(self, ctx: Any, trace: Any, runtime: Any, *args: Any, **kwargs: Any) -> vf.ProgramResult:
+        """Run the ``null`` harness's chat program with this Python (no ``uv sync``)."""
         return await super().launch(ctx, trace, self._local(runtime), *args, **kwargs)
 
 
@@ -232,6 +239,8 @@ def summarise(episode: vf.Episode) -> dict[str, Any]:
 
 
 def main(argv: list[str] | None = None) -> int:
+    """``python -m simpop.integrations.verifiers_env``: play ``--episodes`` episodes and print one JSON line each
+    (:func:`summarise`); bad arguments print one line and return 2."""
     parser = argparse.ArgumentParser(prog="python -m simpop.integrations.verifiers_env",
                                      description="Play simpop episodes as a verifiers environment; prints JSON lines.")
     parser.add_argument("--policy-url", required=True, help="OpenAI-compatible base URL of the policy's model")

@@ -45,9 +45,11 @@ class OffloadedOptimizer:
 
     @property
     def param_groups(self) -> list[dict[str, Any]]:
+        """The wrapped optimiser's parameter groups (learning rates and the like; schedulers set them here)."""
         return self.optimizer.param_groups
 
     def zero_grad(self, set_to_none: bool = True) -> None:
+        """The wrapped optimiser's ``zero_grad`` (the state stays on disk)."""
         self.optimizer.zero_grad(set_to_none=set_to_none)
 
     def step(self) -> None:
@@ -60,12 +62,14 @@ class OffloadedOptimizer:
             self.optimizer.zero_grad(set_to_none=True)
 
     def state_dict(self) -> dict[str, Any]:
+        """The wrapped optimiser's whole state dict, read back from the file (the file stays as it was)."""
         self._load()
         state = self.optimizer.state_dict()
         self.optimizer.state.clear()  # still on disk, unchanged
         return state
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
+        """Load ``state`` (from :meth:`state_dict` or a torch optimiser's) and write it to the file, out of memory."""
         self.optimizer.load_state_dict(state)
         self._offload()
 

@@ -262,6 +262,8 @@ class SelfPlayTrainer:
                 "config": dataclasses.asdict(self.config)}
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
+        """Resume from :meth:`state_dict`: the pool's snapshots first (the policy trainer's checkpoint names its
+        members), then both seats' trainers; a checkpoint whose user seat was (not) trainable is refused."""
         if self.pool is not None:  # first: the policy trainer's checkpoint names the pool's members
             self.pool = CheckpointPool(self.config.pool_size, self.config.pool_recency, name="self-pool")
             saved, self._snapshots = state["snapshots"], []

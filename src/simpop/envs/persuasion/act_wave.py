@@ -93,6 +93,7 @@ class ActWave:
         self.raw: dict[tuple[int, int], Any] = {}
 
     def user_rngs(self) -> list[np.random.Generator]:
+        """Each row's user-seat generator (``env.user_rng()``), for the simulator's ``reset_batch``."""
         return [env.user_rng() for env in self.envs]
 
     def pending(self, seat: int) -> np.ndarray:
