@@ -19,6 +19,7 @@ COMMANDS: dict[str, tuple[str, str]] = {
     "serve": ("simpop.serve.server", "serve a backend over an OpenAI-compatible HTTP API"),
     "experiment": ("simpop.experiments.cli", "run an experiment (collapse)"),
     "audit": ("simpop.evaluation.audit", "measure how diverse simulators' replies are on fixed P4G histories"),
+    "fit-p4g": ("simpop.evaluation.p4g_fit", "fit simpop's shipped P4G persuadees and human statistics to a corpus"),
     "eval": ("simpop.evaluation.eval_cli", "benchmark a policy on held-out simulator panels"),
     "study": ("simpop.study.cli", "run a blinded human study of policies in the browser, and report it"),
     "openenv": ("simpop.integrations.openenv_cli", "serve any env as an OpenEnv environment (TRL trains through it)"),

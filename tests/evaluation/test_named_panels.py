@@ -22,6 +22,9 @@ _TAU2 = {"scripted": "native", "smollm2-greedy": "frozen:smollm2?temperature=0.0
 #: Every shipped panel, pinned: a shipped panel never changes (a changed panel is a new -vN file).
 PINNED: dict[str, tuple[tuple[str, ...], dict[str, str]]] = {
     "p4g-act-v1": (("simpop/PersuasionAct-v0",), _HELDOUT),
+    "p4g-act-human-v1": (("simpop/PersuasionAct-v0",), {
+        f"fitted-{i}-T{t}": f"persuadee:fitted-{i}?temperature={t}&personas=human-300-2019"
+        for i, t in enumerate(("0.9", "1.1", "1.3"))}),
     "p4g-text-v1": (("simpop/Persuasion-v1", "simpop/Persuasion-v0"), {
         **_HELDOUT,
         "smollm2-T0.7": "frozen:smollm2?temperature=0.7&personas=heldout-300-4242",

@@ -27,6 +27,7 @@ from simpop.simulators.population import PanelOverlapError, leaf_simulators
 from simpop.simulators.registry import build_many
 from simpop.simulators.trainable import TrainableLLMSimulator
 from simpop.simulators.verbalized import Renormalised, VerbalizedSimulator
+from simpop.train.config import to_dict
 from simpop.train.cotrain import CoTrainer
 from tests.envs.persuasion.p4g_fixture import write_p4g_corpus
 from tests.simulators.fakes import FakeBackend, FakeTrainableBackend
@@ -244,7 +245,7 @@ def test_corpus_panel_fits_persuadees_to_a_corpus(tmp_path):
     config = CollapseConfig(**{**TINY, "corpus_panel": str(corpus)})
     env = make(config.env_id, **config.env_kwargs())
     panel = build_panel(config, env, name="corpus")
-    assert panel.name == "p4g-corpus" and set(extra_panels(config)) == {"robust", "corpus"}
+    assert panel.name == "p4g-corpus" and set(extra_panels(config)) == {"robust", "human", "corpus"}
     assert {m.model_name for _, m in panel} == {"fitted-0", "fitted-1", "fitted-2"}
     assert {m.temperature for _, m in panel} == set(CORPUS_PANEL_TEMPERATURES)
     assert all(m.personas == load_corpus(corpus).personas() for _, m in panel)  # the corpus's persuadees
@@ -259,3 +260,35 @@ def test_corpus_panel_fits_persuadees_to_a_corpus(tmp_path):
     summary = json.loads((out / "summary.json").read_text())
     assert 0 <= summary["conditions"]["frozen"]["metrics"]["corpus_success"]["mean"] <= 1
     assert "corpus panel**: three native persuadee models fitted" in (out / "report.md").read_text()
+
+
+def test_human_fitted_panel_is_the_default_third_panel_with_the_realism_index(finished):
+    records = [json.loads(line) for line in (finished / "metrics.jsonl").read_text().splitlines()]
+    evals = [r for r in records if r["kind"] == "eval"]
+    assert all(0 <= r["human_success"] <= 1 and set(r) >= {"human/fitted-0-T0.9", "human/fitted-2-T1.3"}
+               for r in evals)
+    finals = [r for r in evals if r["step"] == TINY["updates"]]
+    assert finals and all(0 < r["realism_index"] < 1 and r["realism_ci"][0] <= r["realism_index"] for r in finals)
+    assert not any("realism_index" in r for r in evals if r["step"] < TINY["updates"])  # only after training
+    summary = json.loads((finished / "summary.json").read_text())
+    assert summary["setup"]["config"]["human_panel"] == "p4g-act-human-v1"
+    report = (finished / "report.md").read_text()
+    assert "human-fitted panel**: `p4g-act-human-v1`" in report and "## Simulator to people" in report
+    older = CollapseConfig(**{**TINY, "human_panel": "none"})  # reports made before it was the default
+    assert set(extra_panels(older)) == {"robust"}
+    with pytest.raises(ValueError, match="human_panel: .*p4g-text-v1.* is for simpop/Persuasion-v1"):
+        CollapseConfig(**{**TINY, "human_panel": "p4g-text-v1"})
+    env = make(older.env_id, **older.env_kwargs())
+    human = build_panel(CollapseConfig(**TINY), env, name="human")
+    for condition in CONDITIONS:
+        human.check_disjoint([build_trainer(condition, CollapseConfig(**TINY), 0, env).training_simulator])
+
+
+def test_a_run_saved_before_the_human_panel_resumes_only_without_it(tmp_path):
+    config = CollapseConfig(**TINY)
+    saved = to_dict(config)
+    del saved["human_panel"]  # a config.json written before the field existed
+    (tmp_path / "runs").mkdir()
+    (tmp_path / "config.json").write_text(json.dumps(saved))
+    with pytest.raises(ValueError, match=r"different settings \(human_panel\)"):
+        run_collapse(config, tmp_path, resume=True, progress=False)

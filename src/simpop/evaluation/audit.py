@@ -21,6 +21,9 @@ histories:
 The histories are replayed through the text env, so each simulator sees exactly the observation it
 would see in an episode. Writes ``summary.json`` (every figure and every sampled reply) and
 ``report.md`` (tables) to ``--out``.
+
+``simpop audit --realism`` instead scores simulators' behaviour against real persuadees: the realism index of
+:mod:`simpop.evaluation.realism`.
 """
 
 from __future__ import annotations
@@ -37,6 +40,7 @@ from typing import Any
 
 import numpy as np
 
+from simpop.evaluation import realism
 from simpop.evaluation.diversity import Embedder, distinct_n, label_entropy, load_embedder, semantic_diversity
 
 DEFAULT_SIMULATORS = ("frozen:smollm2", "verbalized:smollm2?k=5", "frozen:smollm2?temperature=1.0")
@@ -284,17 +288,22 @@ def configure(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--threads", type=int, default=None,
                         help="torch threads of in-process models (1 is fastest on a busy 2-core machine)")
     parser.add_argument("--out", default="runs/audit", help="output folder (default runs/audit)")
+    realism.configure(parser)
 
 
 def run(args: argparse.Namespace) -> int:
     """Run ``simpop audit`` with parsed arguments; returns the exit code."""
-    histories = select_histories(args.histories)
     if args.threads is not None:
         if args.threads < 1:
             raise SystemExit(f"--threads must be >= 1, got {args.threads}")
         import torch
 
         torch.set_num_threads(args.threads)
+    if args.realism:
+        if args.sim:
+            raise SystemExit("--realism scores --act-sim / --text-sim / --panel specs, not --sim")
+        return realism.run(args)
+    histories = select_histories(args.histories)
     summary = audit(args.sim or list(DEFAULT_SIMULATORS), n=args.n, histories=histories, env_id=args.env,
                     scenario_id=args.scenario, seed=args.seed)
     out = write(summary, args.out)

@@ -64,10 +64,13 @@ SUMMARY_METRICS = {
     "train_rise": "training success rise",
     "late_change": "training success change, last 20%",
     "robust_success": "robustness-panel success",
+    "human_success": "human-fitted-panel success",
     "corpus_success": "corpus-panel success",
+    "realism_index": "training-sim realism index",
 }
 #: The panels' success metrics, in the ablation table's column order.
-PANEL_METRICS = {"heldout_success": "held-out", "robust_success": "robustness-panel", "corpus_success": "corpus-panel"}
+PANEL_METRICS = {"heldout_success": "held-out", "robust_success": "robustness-panel",
+                 "human_success": "human-fitted-panel", "corpus_success": "corpus-panel"}
 
 
 def stat(values: Sequence[float], units: Sequence[Sequence[float]] | None = None,
@@ -388,6 +391,26 @@ def verdict_section(verdicts: Sequence[Verdict]) -> str:
     return "\n".join(lines)
 
 
+def people_section(conditions: Mapping[str, Any]) -> str:
+    """Markdown: per condition, success on its own training simulator(s) against success on the human-fitted panel
+    (paired by seed), the human-fitted success against frozen's, and the training simulator's realism index (how far
+    from people it is, :mod:`simpop.evaluation.realism`); empty without a human-fitted panel."""
+    if not all("human_success" in c["metrics"] for c in conditions.values()):
+        return ""
+    lines = ["| condition | training-sim success | human-fitted success | human - training (paired) | "
+             f"human-fitted: condition - {FROZEN} (paired) | training-sim realism index |", "|---|---|---|---|---|---|"]
+    for name, cond in conditions.items():
+        m = cond["metrics"]
+        gap = _compare(conditions, "", (name, "human_success"), (name, "train_success"))
+        versus = (_compare(conditions, "", (name, "human_success"), (FROZEN, "human_success"))
+                  if FROZEN in conditions and name != FROZEN else None)
+        lines.append(f"| {name} | {_cell(m.get('train_success'))} | {_cell(m.get('human_success'))} | "
+                     f"{gap.mean:+.3f} [{gap.ci_low:+.3f}, {gap.ci_high:+.3f}] | "
+                     + (f"{versus.mean:+.3f} [{versus.ci_low:+.3f}, {versus.ci_high:+.3f}]" if versus else "")
+                     + f" | {_cell(m.get('realism_index'))} |")
+    return "\n".join(lines)
+
+
 def render_report(summary: Mapping[str, Any], verdicts: Sequence[Verdict], plots: Sequence[str]) -> str:
     """The whole ``report.md``: setup, summary table, verdicts, how each condition was built, plots."""
     conditions = summary["conditions"]
@@ -438,11 +461,13 @@ def render_report(summary: Mapping[str, Any], verdicts: Sequence[Verdict], plots
     for name, cond in conditions.items():
         lines.append(f"- **{name}**: {cond['description']}")
     lines += ["", f"- **held-out panel**: {setup['panel']}"]
-    for key, label in (("robust_panel", "robustness panel"), ("corpus_panel", "corpus panel")):
+    for key, label in (("robust_panel", "robustness panel"), ("human_panel", "human-fitted panel"),
+                       ("corpus_panel", "corpus panel")):
         if setup.get(key):
             lines.append(f"- **{label}**: {setup[key]}")
     current = setup.get("config", {}).get("cotrain", {}).get("objective", "target")
     for title, body in (("Co-training objectives (ablation, paired by seed)", ablation_section(conditions, current)),
+                        ("Simulator to people", people_section(conditions)),
                         ("Collapse curve", curve_section(summary.get("curve")))):
         if body:
             lines += ["", f"## {title}", "", body]
@@ -456,6 +481,7 @@ def render_report(summary: Mapping[str, Any], verdicts: Sequence[Verdict], plots
 PLOTS = (
     ("heldout_success", "eval", "heldout_success", "held-out panel success", (0.0, 1.0)),
     ("robust_success", "eval", "robust_success", "robustness-panel success", (0.0, 1.0)),
+    ("human_success", "eval", "human_success", "human-fitted-panel success", (0.0, 1.0)),
     ("corpus_success", "eval", "corpus_success", "corpus-panel success", (0.0, 1.0)),
     ("train_success", "eval", "train_success", "training-simulator success", (0.0, 1.0)),
     ("policy_entropy", "eval", "policy_entropy", "policy entropy (nats, held-out dialogues)", (0.0, None)),

@@ -43,8 +43,12 @@ training simulator in persona, decoding and model (checked by :meth:`Panel.check
 
 **Other panels.** At the act level every evaluation also runs a *robustness panel* built by another procedure
 (:func:`robust_panel_specs`: strategy effects permuted rather than jittered, personas with uniform attributes,
-temperatures 0.7, 1.1, 1.5), and with ``corpus_panel`` a panel of persuadees fitted to a P4G corpus
-(:func:`corpus_panel_specs`). Neither is used to choose anything.
+temperatures 0.7, 1.1, 1.5), the **human-fitted panel** ``human_panel`` (default ``p4g-act-human-v1``: persuadees
+fitted to the public P4G corpus, shipped; ``none`` leaves it out, as reports before it had), and with
+``corpus_panel`` a panel of persuadees fitted to a P4G corpus folder (:func:`corpus_panel_specs`). None of them is
+used to choose anything. At the act level the last evaluation also scores each run's training simulator(s) with the
+realism index (:mod:`simpop.evaluation.realism`, ``realism_index``): how far from people the simulator trained
+against is.
 
 **Objective ablations.** ``cotrain+<objective>`` and ``population+<objective>`` are conditions too: the same
 co-training with another :attr:`~simpop.train.cotrain.CoTrainConfig.objective` (:func:`condition_cotrain`), paired
@@ -65,6 +69,7 @@ and skips finished runs.
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import math
 import time
@@ -81,6 +86,9 @@ from simpop.experiments.conditions import (COTRAINED, CORPUS_PANEL_TEMPERATURES,
                                            write_card)
 from simpop.train.cotrain import CoTrainConfig
 from simpop.train.config import changed_settings, to_dict
+
+#: Dialogues the training simulator plays for its realism index at the last evaluation (act level).
+REALISM_EPISODES = 128
 
 def run_one(config: CollapseConfig, condition: str, seed: int, out: Path, resume: bool,
             report: Callable[[str, int, int, dict[str, float]], None] | None = None) -> Path:
@@ -128,6 +136,8 @@ def run_one(config: CollapseConfig, condition: str, seed: int, out: Path, resume
                 record.update({f"{name}_success": result.success,
                                f"{name}_outcomes": [int(r.success) for r in result.records],
                                **{f"{name}/{k}": v for k, v in result.per_member.items()}})
+            if step == config.updates and config.level == "act":  # after training: nothing later depends on it
+                record.update(training_realism(trainer.training_simulator, eval_seed))
             return record
 
         loop = LoopConfig(save_every=config.eval_every, keep_checkpoints=2, eval_every=config.eval_every,
@@ -137,6 +147,15 @@ def run_one(config: CollapseConfig, condition: str, seed: int, out: Path, resume
     finally:
         torch.set_num_threads(threads)
     return run_dir
+
+
+def training_realism(simulator: Any, seed: int) -> dict[str, Any]:
+    """The realism index of a run's training simulator(s) against the shipped people's statistics (act level)."""
+    from simpop.evaluation.realism import conversations_of, score, shipped_reference
+
+    result = score(conversations_of(simulator, "act", REALISM_EPISODES, seed), shipped_reference(), "act",
+                   seed=seed)
+    return {"realism_index": result.index, "realism_ci": list(result.ci)}
 
 
 # ============================================================================================ summary
@@ -168,6 +187,8 @@ def summarise(records: Sequence[dict[str, Any]], config: CollapseConfig, descrip
             for name in extra_panels(config):
                 row.update({f"{name}_success": last[f"{name}_success"],
                             f"initial_{name}_success": first[f"{name}_success"]})
+            if "realism_index" in last:
+                row["realism_index"] = last["realism_index"]
             for key, value in row.items():
                 values.setdefault(key, []).append(float(value))
             units = {"train_success": [last.get("train_outcomes")], "heldout_success": [last.get("heldout_outcomes")],
@@ -189,6 +210,7 @@ def summarise(records: Sequence[dict[str, Any]], config: CollapseConfig, descrip
                   "batch_size": config.grpo.batch_size, "eval_every": config.eval_every,
                   "eval_episodes": config.eval_episodes, "panel": panel_description(config),
                   "robust_panel": robust_panel_description(config) if config.robust_panel else None,
+                  "human_panel": human_panel_description(config) if config.human_panel != "none" else None,
                   "corpus_panel": corpus_panel_description(config) if config.corpus_panel else None,
                   "config": to_dict(config)},
         "wall_time_s": wall_time_s,
@@ -245,6 +267,13 @@ def robust_panel_description(config: CollapseConfig) -> str:
             "corpus donor rate, sampled at temperatures " + ", ".join(f"{t:g}" for t in ROBUST_PANEL_TEMPERATURES)
             + f", playing {config.heldout_personas} personas whose every attribute is uniform over its values (not "
               "the population sampler's marginals): built by another procedure than the held-out panel")
+
+
+def human_panel_description(config: CollapseConfig) -> str:
+    """The human-fitted panel, for the report."""
+    from simpop.evaluation.panels import panel_definition
+
+    return f"`{config.human_panel}`: " + panel_definition(config.human_panel).description
 
 
 def corpus_panel_description(config: CollapseConfig) -> str:
@@ -357,7 +386,9 @@ def run_collapse(config: CollapseConfig, out: str | Path, resume: bool = False, 
     config_path = out / "config.json"
     saved = to_dict(config)
     if resume and config_path.exists():
-        changed = changed_settings(json.loads(config_path.read_text()), config, CollapseConfig(level=config.level))
+        # runs saved before the human-fitted panel existed had none: resuming them needs --human-panel none
+        earlier = dataclasses.replace(CollapseConfig(level=config.level), human_panel="none")
+        changed = changed_settings(json.loads(config_path.read_text()), config, earlier)
         if changed:
             raise ValueError(f"--resume with different settings ({', '.join(changed)}) than the run in {out}; "
                              f"resume with the same flags or use another --out")

@@ -39,10 +39,10 @@ ENV_IDS = {"act": "simpop/PersuasionAct-v0", "text": "simpop/Persuasion-v1"}
 #: Defaults that depend on the level (fields left at None take these).
 LEVEL_DEFAULTS: dict[str, dict[str, Any]] = {
     "act": {"seeds": 12, "updates": 200, "eval_every": 20, "eval_episodes": 64, "max_turns": 10, "workers": 2,
-            "conditions": CONDITIONS, "robust_panel": True},
+            "conditions": CONDITIONS, "robust_panel": True, "human_panel": "p4g-act-human-v1"},
     # Sized to finish within an hour on two CPU cores (docs/text-collapse.md has the measured run).
     "text": {"seeds": 1, "updates": 16, "eval_every": 8, "eval_episodes": 16, "max_turns": 2, "workers": 1,
-             "conditions": ("frozen", "verbalized"), "robust_panel": False},
+             "conditions": ("frozen", "verbalized"), "robust_panel": False, "human_panel": "none"},
 }
 
 
@@ -108,6 +108,9 @@ class CollapseConfig:
         heldout_seed: Seed of the held-out personas and models.
         robust_panel: Also evaluate on the robustness panel (:func:`robust_panel_specs`), built by another
             procedure than the held-out panel; None: act yes, text no (its evaluations cost LLM time).
+        human_panel: A shipped panel (:mod:`simpop.evaluation.panels`) evaluated as the human-fitted panel, or
+            ``none``; None: act ``p4g-act-human-v1``, text ``none``. ``--human-panel none`` reproduces reports made
+            before it was the default.
         corpus_panel: A P4G corpus folder (not shipped; :mod:`simpop.envs.persuasion.corpus`): also evaluate on
             persuadees fitted to it (:func:`corpus_panel_specs`); None: no corpus panel.
         sim_model: Text level: the simulators' model (backend spec; co-training needs an in-process
@@ -134,6 +137,7 @@ class CollapseConfig:
     heldout_personas: int = 300
     heldout_seed: int = 4242
     robust_panel: bool | None = None
+    human_panel: str | None = None
     corpus_panel: str | None = None
     sim_model: str | None = None
     workers: int | None = None
@@ -177,6 +181,13 @@ class CollapseConfig:
              f"verbalized_tau must be > 0 and verbalized_floor in [0, 1); got {self.verbalized_tau}, "
              f"{self.verbalized_floor}")
         need(self.threads is None or self.threads >= 1, f"threads must be >= 1 or None, got {self.threads}")
+        if self.human_panel != "none":
+            from simpop.evaluation.panels import panel_definition
+
+            try:
+                panel_definition(self.human_panel).check_env(self.env_id)
+            except ValueError as error:
+                need(False, f"human_panel: {error} (or 'none')")
         if self.corpus_panel is not None:
             need(Path(self.corpus_panel).is_dir(), f"corpus_panel {self.corpus_panel}: no such folder")
             object.__setattr__(self, "corpus_panel", str(Path(self.corpus_panel).resolve()))
@@ -277,10 +288,14 @@ def corpus_panel_specs(config: CollapseConfig) -> dict[str, str]:
 
 
 def extra_panels(config: CollapseConfig) -> dict[str, dict[str, str]]:
-    """The panels evaluated besides the held-out one (name -> member specs): ``robust``, ``corpus``."""
+    """The panels evaluated besides the held-out one (name -> member specs): ``robust``, ``human``, ``corpus``."""
+    from simpop.evaluation.panels import panel_definition
+
     panels = {}
     if config.robust_panel:
         panels["robust"] = robust_panel_specs(config)
+    if config.human_panel != "none":
+        panels["human"] = dict(panel_definition(config.human_panel).members)
     if config.corpus_panel:
         panels["corpus"] = corpus_panel_specs(config)
     return panels

@@ -9,20 +9,21 @@ import numpy as np
 import openpyxl
 
 from simpop.envs.persuasion.acts import ASKING_ACTS, DONATING_ACTS, render_persuadee, render_persuader
-from simpop.envs.persuasion.model import PersuadeeModel, reference_persuader
+from simpop.envs.persuasion.model import PersuadeeModel, PersuadeeParams, reference_persuader
 from simpop.envs.persuasion.personas import PERSONA_FIELDS, PersonaSampler
 
 
 def write_p4g_corpus(directory: Path, n_dialogues: int = 20, n_annotated: int = 12, seed: int = 0,
-                     suffix: str = ".x") -> Path:
+                     suffix: str = ".x", params: PersuadeeParams | None = None) -> Path:
     """Write full_dialog.csv, full_info.csv, 300_dialog.xlsx and 300_info.xlsx into ``directory``.
 
     Persona columns are named ``<attribute><suffix>`` (the real file uses ``.x``). The first
-    ``n_annotated`` dialogues also go into the annotated workbooks, with act labels.
+    ``n_annotated`` dialogues also go into the annotated workbooks, with act labels. The persuadees are the
+    native model with ``params`` (default: the calibrated defaults).
     """
     directory.mkdir(parents=True, exist_ok=True)
     rng = np.random.default_rng(seed)
-    sampler, model = PersonaSampler(), PersuadeeModel()
+    sampler, model = PersonaSampler(), PersuadeeModel(params)
     dialog_rows, info_rows, labelled_rows, intended_rows = [], [], [], []
     for d in range(n_dialogues):
         dialogue_id = f"20180904-{d:06d}_{d}_live"

@@ -176,6 +176,8 @@ class _PersuasionEnv(DialogueEnv):
           ``seed``, minus every persona of this env's scenarios and the modal persona (people training never sees).
         - ``uniform-<n>-<seed>``: the same with every attribute uniform over its values
           (:meth:`PersonaSampler.uniform`; the robustness panel's people, more of them at the extremes).
+        - ``human-<n>-<seed>``: ``n`` draws from the shipped fit's marginals of the real P4G persuadees
+          (:func:`.fitted.human_sampler`, no corpus needed), minus this env's scenario personas.
         - ``corpus:<dir>``: the persuadees of the P4G corpus in folder ``dir`` (:mod:`.corpus`), training's or not.
         - ``region-<n>-<seed>:<clauses>``, ``written-<sha>``: generated from lost dialogues (:mod:`.failures`).
         """

@@ -72,13 +72,18 @@ def persona_set(name: str, training: tuple[Persona, ...]) -> tuple[Persona, ...]
     prefix, *rest = name.split("-")
     if name == "heldout":
         rest = ["300", "4242"]
-    if prefix not in ("heldout", "uniform") or len(rest) != 2 or not all(x.isdigit() for x in rest) \
+    if prefix not in ("heldout", "uniform", "human") or len(rest) != 2 or not all(x.isdigit() for x in rest) \
             or int(rest[0]) < 1:
         raise ValueError(f"unknown P4G persona set {name!r}; use modal, heldout, heldout-<n>-<seed> (e.g. "
-                         f"heldout-300-4242), uniform-<n>-<seed>, corpus:<dir>, region-<n>-<seed>:<clauses>, "
-                         f"written-<sha>, or scenario")
+                         f"heldout-300-4242), uniform-<n>-<seed>, human-<n>-<seed>, corpus:<dir>, "
+                         f"region-<n>-<seed>:<clauses>, written-<sha>, or scenario")
     seen = set(training) | {modal_persona()}
-    sampler = PersonaSampler() if prefix == "heldout" else PersonaSampler.uniform()
+    if prefix == "human":  # the shipped fit's marginals of the real persuadees
+        from simpop.envs.persuasion.fitted import human_sampler
+
+        sampler = human_sampler()
+    else:
+        sampler = PersonaSampler() if prefix == "heldout" else PersonaSampler.uniform()
     drawn = sampler.sample_many(int(rest[0]), np.random.default_rng(int(rest[1])))
     kept = tuple(p for p in drawn if p not in seen)
     if not kept:

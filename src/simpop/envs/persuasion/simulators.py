@@ -240,8 +240,10 @@ def model_params(model: str, personas: Sequence[Persona] | None, jitter: float =
     ``shuffled-<i>`` is built by another procedure: the persuasive strategies' effects and modulations are
     permuted among the strategies (:func:`_shuffled_strategies`, same generator; ``jitter`` unused), then
     recalibrated the same way: which strategy works is reassigned rather than perturbed. ``fitted-<i>`` is fitted
-    to data: :func:`~simpop.envs.persuasion.corpus.fit_params` on bootstrap resample ``i`` (generator seeded with
-    ``[seed, i]``) of the P4G corpus in folder ``corpus``, calibrated to that resample's own donor rate.
+    to data: without ``corpus``, bootstrap resample ``i`` of the fit simpop ships (:mod:`.fitted`: the public P4G
+    corpus's training split; ``seed`` unused); with ``corpus`` (a folder),
+    :func:`~simpop.envs.persuasion.corpus.fit_params` on bootstrap resample ``i`` (generator seeded with
+    ``[seed, i]``) of that whole corpus, calibrated to that resample's own donor rate.
     """
     if model == BASE_MODEL:
         return PersuadeeParams()
@@ -263,16 +265,13 @@ def model_params(model: str, personas: Sequence[Persona] | None, jitter: float =
 
 @functools.lru_cache(maxsize=16)
 def _fitted(corpus: str, seed: int, index: int) -> PersuadeeParams:
-    """Parameters fitted to bootstrap resample ``index`` of the corpus in folder ``corpus``."""
-    from simpop.envs.persuasion.corpus import Corpus, cached_corpus, fit_params
+    """Parameters fitted to bootstrap resample ``index`` of the corpus in folder ``corpus`` (none: the shipped fit)."""
+    from simpop.envs.persuasion.corpus import cached_corpus, fit_params
+    from simpop.envs.persuasion.fitted import resample, shipped_params
 
     if not corpus:
-        raise ValueError("a fitted-<i> persuadee needs corpus=DIR, a P4G corpus folder (see simpop.envs.persuasion."
-                         "corpus)")
-    data = cached_corpus(corpus)
-    rng = np.random.default_rng([seed, index])
-    resample = Corpus(tuple(data.dialogues[i] for i in rng.integers(len(data.dialogues), size=len(data.dialogues))))
-    return fit_params(resample)
+        return shipped_params(index)
+    return fit_params(resample(cached_corpus(corpus), seed, index))
 
 
 def _shuffled_strategies(base: PersuadeeParams, rng: np.random.Generator) -> dict[str, tuple[float, ...]]:

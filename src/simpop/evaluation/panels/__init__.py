@@ -18,6 +18,8 @@ stays. ``tests/evaluation/test_named_panels.py`` pins every shipped panel's memb
 Shipped panels (:func:`named_panels` lists them with their descriptions):
 
 - ``p4g-act-v1`` (``simpop/PersuasionAct-v0``): the collapse experiment's held-out panel, member for member.
+- ``p4g-act-human-v1`` (``simpop/PersuasionAct-v0``): persuadees fitted to the public P4G corpus (the shipped fit,
+  :mod:`simpop.envs.persuasion.fitted`; no corpus needed), the collapse experiment's human-fitted panel.
 - ``p4g-text-v1`` (``simpop/Persuasion-v1``, ``simpop/Persuasion-v0``): the same persuadee models as text, plus two SmolLM2 persuadees.
 - ``tau2-<domain>-v1`` for ``mock``, ``airline``, ``retail``, ``telecom``: the scripted user and SmolLM2 users.
 - ``cooperbench-mini-v1`` (``simpop/CooperBench-mini-v0``, ``simpop/CooperBench-v0``): scripted and SmolLM2
