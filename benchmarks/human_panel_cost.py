@@ -34,20 +34,24 @@ def main() -> None:
 
     torch.set_num_threads(1)
     config = CollapseConfig()
-    shares = []
-    for condition in CONDITIONS:
-        env = make(config.env_id, **config.env_kwargs())
-        trainer = build_trainer(condition, config, 0, env)
-        heldout, robust, human = (build_panel(config, env, name=n) for n in ("heldout", "robust", "human"))
-        trainer.step()  # warm-up
-        episodes, kwargs = config.eval_episodes, config.env_kwargs()
-        parts = {
+    episodes, kwargs = config.eval_episodes, config.env_kwargs()
+
+    def timed_parts(trainer, heldout, robust, human):  # the parts of one condition, bound to its objects
+        return {
             "update": lambda: trainer.step(),
             "before": lambda: (evaluate_run(config.env_id, trainer, heldout, episodes, 1, kwargs),
                                evaluate(config.env_id, trainer.policy, robust, episodes, 1, kwargs)),
             "human": lambda: evaluate(config.env_id, trainer.policy, human, episodes, 1, kwargs),
             "realism": lambda: training_realism(trainer.training_simulator, 1),
         }
+
+    shares = []
+    for condition in CONDITIONS:
+        env = make(config.env_id, **config.env_kwargs())
+        trainer = build_trainer(condition, config, 0, env)
+        heldout, robust, human = (build_panel(config, env, name=n) for n in ("heldout", "robust", "human"))
+        trainer.step()  # warm-up
+        parts = timed_parts(trainer, heldout, robust, human)
         best = {name: float("inf") for name in parts}
         for repeat in range(args.repeats):
             for name in (list(parts) if repeat % 2 == 0 else list(reversed(parts))):

@@ -122,9 +122,8 @@ def test_a_wrong_flag_in_a_documented_command_is_caught():
 
 def _reference_modules() -> set[str]:
     pages = (DOCS / "api").glob("*.md")
-    found = {m for page in [*pages, *(DOCS / "envs").glob("*.md")]
-             for m in re.findall(r"^::: (\S+)", page.read_text(), flags=re.M)}
-    return found
+    return {m for page in [*pages, *(DOCS / "envs").glob("*.md")]
+            for m in re.findall(r"^::: (\S+)", page.read_text(), flags=re.M)}
 
 
 def _simpop_modules() -> set[str]:

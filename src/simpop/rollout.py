@@ -438,9 +438,11 @@ class RolloutEngine:
 
     def _vector_wave(self, envs: list[DialogueEnv]) -> VectorWave | None:
         """The env's array stepper for this wave, where it has one and nothing needs the envs live: an act-level
-        policy that does not read the envs mid-wave (no ``begin_wave``), no human rendering."""
+        policy that does not read the envs mid-wave (no ``begin_wave``) and is not a seat simulator (it takes
+        slots and its own ``reset_batch``), no human rendering."""
         make = getattr(envs[0], "vector_wave", None)
         if (make is None or self._delta is not None or hasattr(self.policy, "begin_wave")
+                or isinstance(self.policy, Simulator)
                 or any(env.render_mode is not None for env in envs)):
             return None
         return make(envs)
@@ -462,6 +464,8 @@ class RolloutEngine:
 
     def _step_vector_wave(self, wave: VectorWave, rng: np.random.Generator) -> None:
         """The ticks of :meth:`run_wave`, on the wave's arrays."""
+        policy = self.policy
+        assert not isinstance(policy, Simulator)  # :meth:`_vector_wave` leaves seat simulators to the envs
         self.simulator.reset_batch([env.scenario for env in wave.envs], wave.user_rngs())
         while True:
             policy_rows, user_rows = wave.pending(0), wave.pending(1)
@@ -470,10 +474,10 @@ class RolloutEngine:
             ended = []
             if len(policy_rows):
                 t0 = time.perf_counter()
-                actions = self.policy.act_batch(list(wave.observe(policy_rows, 0)), rng)  # type: ignore[union-attr]
+                actions = policy.act_batch(list(wave.observe(policy_rows, 0)), rng)  # type: ignore[union-attr]
                 self.stats.policy_s += time.perf_counter() - t0
                 self.stats.policy_calls += 1
-                policy_actions = _counted(actions, len(policy_rows), f"policy {type(self.policy).__name__}")
+                policy_actions = _counted(actions, len(policy_rows), f"policy {type(policy).__name__}")
             if len(user_rows):
                 t0 = time.perf_counter()
                 replies = _counted(self.simulator.act_batch(list(wave.observe(user_rows, 1)), user_rows.tolist()),

@@ -232,7 +232,7 @@ def test_sessions_beyond_the_cap_are_refused(act_server):
 def test_api_key_guards_http_and_websockets():
     with make_server(UserSeatSource(ACT, ["persuadee"]), port=0, limits=LIMITS, api_key="k3y").start() as server:
         assert httpx.post(server.url + "/reset", json={}).status_code == 401
-        with pytest.raises(Exception):
+        with pytest.raises(ConnectionError):  # the websocket handshake is refused
             with client(server).sync() as env:
                 env.reset(seed=0)
         keyed = SimpopEnvClient(base_url=server.url, headers={"Authorization": "Bearer k3y"})

@@ -82,6 +82,8 @@ def test_a_server_tokenizer_gives_token_in_token_out_sessions():
     greedy = SamplingParams(max_new_tokens=6, temperature=0.0, logprobs=True)
     with make_server(source, port=0).start() as server, SimpopEnvClient(base_url=server.url).sync() as env:
         result, context, turns = env.reset(seed=11), [], 0
+        with pytest.raises(RuntimeError, match="token_ids go with a text message"):  # an act index is no text
+            env.step(SimpopAction(message=3, token_ids=[1, 2]))
         while not result.done:
             expected = ledger.extend(delta, json.loads(result.observation.text), lambda v: v.get("instructions"))
             context += result.observation.token_ids

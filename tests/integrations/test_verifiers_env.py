@@ -11,8 +11,8 @@ import json
 import pytest
 
 from simpop.agents import load_backend
-from simpop.agents.serve import make_server
 from simpop.envs.persuasion import SURVEY
+from simpop.serve.server import make_server
 from tests.integrations.conftest import run_in
 
 

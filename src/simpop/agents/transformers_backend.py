@@ -37,7 +37,7 @@ from collections import OrderedDict
 from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
 from pathlib import Path
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Literal
 
 from simpop.agents.base import Chat, Generation, SamplingParams
 from simpop.agents.chat import check_chat
@@ -55,7 +55,7 @@ DTYPES = ("auto", "float32", "bfloat16")
 TOKEN_BUDGET = 1024
 
 
-def cpu_dtype() -> str:
+def cpu_dtype() -> Literal["float32", "bfloat16"]:
     """``"bfloat16"`` when this CPU has bf16 instructions (AVX512-BF16 or AMX, read from ``/proc/cpuinfo``;
     PEFT keeps LoRA adapters in float32 either way), else ``"float32"``."""
     try:
@@ -65,14 +65,14 @@ def cpu_dtype() -> str:
     return "bfloat16" if ("avx512_bf16" in flags or "amx_bf16" in flags) else "float32"
 
 
-def resolve_dtype(dtype: str, device: str | None = None) -> str:
+def resolve_dtype(dtype: str, device: str | None = None) -> Literal["float32", "bfloat16"]:
     """``dtype`` itself, or for ``"auto"``: ``"bfloat16"`` on a CUDA GPU (``device``, default: CUDA when
     available) and on CPUs with native bf16 matmul (:func:`cpu_dtype`), ``"float32"`` on other CPUs
     (there bf16 runs ~1.8x slower than float32)."""
     if dtype not in DTYPES:
         raise ValueError(f"dtype must be one of {DTYPES}, got {dtype!r}")
     if dtype != "auto":
-        return dtype
+        return "float32" if dtype == "float32" else "bfloat16"
     import torch
 
     on_gpu = torch.cuda.is_available() if device is None else torch.device(device).type == "cuda"

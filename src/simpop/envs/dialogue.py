@@ -278,7 +278,6 @@ class DialogueEnv(ParallelEnv, ABC):
 
     def close(self) -> None:
         """Release resources (the base holds none)."""
-        pass
 
     def aec(self):
         """This env's AEC view (PettingZoo ``parallel_to_aec``; :mod:`simpop.envs.aec`)."""

@@ -13,7 +13,7 @@ import importlib
 import inspect
 import typing
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, Literal
 
 import gymnasium
 

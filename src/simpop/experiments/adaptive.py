@@ -221,7 +221,7 @@ def run_one(config: AdaptiveConfig, condition: str, seed: int, out: Path, resume
     torch.set_num_threads(config.threads)
     try:
         torch.manual_seed(seed)
-        env_kwargs = {"max_turns": config.max_turns}
+        env_kwargs: dict[str, Any] = {"max_turns": config.max_turns}
         env = make(ENV_ID, **env_kwargs)
         heldout = conditions.build_panel(config.collapse_config(), env)
         trainer = build_trainer(condition, config, seed, env, heldout)

@@ -340,6 +340,7 @@ def build_trainer(condition: str, config: CollapseConfig, seed: int, env: Any,
     """The trainer of one condition and seed: GRPO against the condition's simulator, or co-training
     (``backends``: the simulators' loaded models, :func:`simulator_backends`)."""
     from simpop.agents.policy import build_policy
+    from simpop.seat import Trainable
     from simpop.simulators.registry import build_many
     from simpop.train.cotrain import CoTrainer
     from simpop.train.grpo import GRPOTrainer
@@ -350,7 +351,11 @@ def build_trainer(condition: str, config: CollapseConfig, seed: int, env: Any,
                             simulator_backends(config) if backends is None else backends)
     if condition in ("frozen", "verbalized"):
         return GRPOTrainer(config.env_id, policy, simulators[0], grpo, env_kwargs=config.env_kwargs())
-    return CoTrainer(GRPOTrainer(config.env_id, policy, None, grpo, env_kwargs=config.env_kwargs()), simulators,
+    trainable = [s for s in simulators if isinstance(s, Trainable)]
+    if len(trainable) != len(simulators):
+        raise TypeError(f"condition {condition}: co-training needs trainable simulators, got "
+                        f"{[type(s).__name__ for s in simulators if not isinstance(s, Trainable)]}")
+    return CoTrainer(GRPOTrainer(config.env_id, policy, None, grpo, env_kwargs=config.env_kwargs()), trainable,
                      condition_cotrain(condition, config.cotrain))
 
 

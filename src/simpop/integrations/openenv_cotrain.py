@@ -33,7 +33,7 @@ from typing import Any
 import torch
 
 from simpop import checkpoint
-from simpop.integrations.openenv_server import SimpopEnvironment, UserSeatSource
+from simpop.integrations.openenv_server import SimpopEnvironment, SimpopObservation, UserSeatSource
 from simpop.seat import Trainable
 from simpop.simulators.population import leaf_simulators
 from simpop.train.cotrain import CoTrainConfig, CoTrainer
@@ -41,15 +41,11 @@ from simpop.train.cotrain import CoTrainConfig, CoTrainer
 log = logging.getLogger(__name__)
 
 
-class _SimulatorStep:
+class _SimulatorStep(CoTrainer):
     """CoTrainer's simulator side (objective set-up, optimisers, ``update_simulators``) without a policy trainer:
     the policy trains outside the server. The methods are CoTrainer's own, so the objectives stay in one place."""
 
-    _prepare_objective = CoTrainer._prepare_objective
-    _trained = CoTrainer._trained
-    update_simulators = CoTrainer.update_simulators
-
-    def __init__(self, simulators: Sequence[Trainable], config: CoTrainConfig):
+    def __init__(self, simulators: Sequence[Trainable], config: CoTrainConfig):  # no CoTrainer.__init__: no policy
         self.config, self.simulators = config, list(simulators)
         self.reference_sizes = self._prepare_objective()
         self.optimizers = [torch.optim.Adam(self._trained(s), lr=config.sim_lr) for s in self.simulators]
@@ -96,7 +92,7 @@ class ServerCoTrainer:
         self.versions = dict.fromkeys(self.masters, 0)
         self.published = {name: _clone(m.state_dict()) for name, m in self.masters.items()}
         self.queues: dict[str, list[tuple[Any, float]]] = {name: [] for name in self.masters}
-        self.history: list[dict[str, float]] = []
+        self.history: list[dict[str, Any]] = []
         self.stale = 0
         self.run_dir = None if run_dir is None else Path(run_dir)
         self._lock = threading.Lock()
@@ -142,8 +138,8 @@ class ServerCoTrainer:
                 sim.clear()
             master.episodes = [episode for episode, _ in queue]
             trajectories = [SimpleNamespace(simulator=name, success=bool(s)) for _, s in queue]
-            metrics = self.step.update_simulators(SimpleNamespace(trajectories=trajectories, collected=None,
-                                                                  kept=None))
+            batch: Any = SimpleNamespace(trajectories=trajectories, collected=None, kept=None)  # what it reads
+            metrics = self.step.update_simulators(batch)
             master.clear()
             with self._lock:
                 self.versions[name] = version + 1
@@ -211,13 +207,14 @@ class CoTrainedEnvironment(SimpopEnvironment):
         self.loaded: dict[str, int] = {}
         self.playing: dict[str, int] = {}
 
-    def reset(self, seed: int | None = None, episode_id: str | None = None, **kwargs: Any):
+    def reset(self, seed: int | None = None, episode_id: str | None = None, scenario_id: str | None = None,
+              member: str | None = None, **kwargs: Any) -> SimpopObservation:
         """Load the newest published weights into this session's simulators, then start the episode as
         :meth:`SimpopEnvironment.reset` does."""
         self.playing = self.cotrainer.sync(self.copies, self.loaded)
         for copy in self.copies.values():
             copy.clear()
-        return super().reset(seed=seed, episode_id=episode_id, **kwargs)
+        return super().reset(seed=seed, episode_id=episode_id, scenario_id=scenario_id, member=member, **kwargs)
 
     def episode_ended(self, info: dict[str, Any]) -> None:
         copy = self.copies.get(self.member or "")

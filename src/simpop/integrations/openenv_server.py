@@ -140,6 +140,7 @@ class UserSeatSource:
             raise ValueError(f"the server tokenizer must be a token backend with a tokenizer (e.g. load_backend("
                              f"'smollm2')), got {type(tokenizer).__name__}")
         self.chat_delta = None if tokenizer is None else ChatDelta(tokenizer)
+        self.decoder: Any = None if tokenizer is None else tokenizer.tokenizer  # decodes a step's token_ids
         self.build_lock = threading.Lock()  # backends load once even when sessions start together
         self.model_lock = threading.Lock()  # one model call at a time on the shared backends
         with self.build_lock:  # fail now (unknown env id or arguments, bad specs or panel), not in the first session
@@ -223,7 +224,9 @@ class SimpopEnvironment(Environment[SimpopAction, SimpopObservation, SimpopState
                 raise BadRequest("token_ids need a text env, a server started with a tokenizer (--tokenizer) and "
                                  "token ids on every step of the episode")
             if message is None:
-                message = self.source.chat_delta.backend.tokenizer.decode(action.token_ids, skip_special_tokens=True)
+                message = self.source.decoder.decode(action.token_ids, skip_special_tokens=True)
+            elif not isinstance(message, str):
+                raise BadRequest("token_ids go with a text message (or none: their decoding), got an act index")
             self.ledger.add_generation(Generation(message, list(action.token_ids),
                                                   logprobs=[0.0] * len(action.token_ids)))
         else:
@@ -434,9 +437,11 @@ class OpenEnvServer:
 
     def __post_init__(self) -> None:
         config = uvicorn.Config(
-            self.app, http=functools.partial(HeadTimeoutProtocol, head_timeout_s=self.limits.read_timeout_s),
+            # uvicorn annotates `http` as a protocol class and the keep-alive as int; it calls the factory and
+            # uses the timeout as float seconds (loop.call_later), so both work as given.
+            self.app, http=functools.partial(HeadTimeoutProtocol, head_timeout_s=self.limits.read_timeout_s),  # type: ignore[arg-type]
             ws="websockets-sansio", ws_max_size=self.limits.max_body_bytes,
-            timeout_keep_alive=self.limits.keep_alive_s, lifespan="on", log_config=None,
+            timeout_keep_alive=self.limits.keep_alive_s, lifespan="on", log_config=None,  # type: ignore[arg-type]
             access_log=self.log_requests, log_level="info" if self.log_requests else "warning",
             backlog=4096)
         self._uvicorn = uvicorn.Server(config)

@@ -237,6 +237,7 @@ def success_rate(policy: nn.Module | None, opponent: str | nn.Module, config: Ma
                     floor=config.realism_floor)
     dialogue = view.dialogue
     simulator = build_simulator(opponent, env=dialogue) if isinstance(opponent, str) else None
+    user_net = None if isinstance(opponent, str) else opponent
     generator, total = torch.Generator().manual_seed(seed), 0.0
 
     def sample(net: nn.Module | None, observation: np.ndarray, mask: np.ndarray) -> int:
@@ -251,12 +252,13 @@ def success_rate(policy: nn.Module | None, opponent: str | nn.Module, config: Ma
             simulator.reset(dialogue.scenario, dialogue.user_rng())
         while not dialogue.done:
             seat = dialogue.to_act
+            assert seat is not None  # a live dialogue always has a seat to act
             if seat == dialogue.policy_seat:
                 action = sample(policy, observations[seat], infos[seat]["action_mask"])
             elif simulator is not None:
                 action = simulator.act(observations[seat])
             else:
-                action = sample(opponent, observations[seat], infos[seat]["action_mask"])
+                action = sample(user_net, observations[seat], infos[seat]["action_mask"])
             observations, rewards, _, _, infos = view.step({seat: action})
         total += rewards[dialogue.policy_seat]
     return total / episodes

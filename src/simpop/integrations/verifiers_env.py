@@ -35,7 +35,7 @@ from typing import Any
 
 try:
     import verifiers.v1 as vf
-    from verifiers.v1.harnesses.null import NullHarness, NullHarnessConfig
+    from verifiers.v1.harnesses.null import NullHarness
     from verifiers.v1.runtimes.subprocess import SubprocessRuntime
 except ImportError as error:  # pragma: no cover - exercised only without the extra
     raise ImportError("simpop.integrations.verifiers_env needs verifiers (Python >= 3.11): "
@@ -127,6 +127,7 @@ class SimpopEnv(vf.Env[SimpopEnvConfig]):
             talk = {env.policy_seat: policy, env.user_seat: user}
             while not env.done:
                 seat = env.to_act
+                assert seat is not None  # a live dialogue always has a seat to act
                 segment = await talk[seat].turn(next_message(observations[seat]))
                 if segment.terminated:  # the agent's own limits ended its run: the dialogue stops undecided
                     stopped_by = roles[seat]
@@ -173,7 +174,7 @@ class _ThisInterpreter:
                                 activate: bool = True) -> list[str]:
         data = script.encode() if isinstance(script, str) else script
         path = f"{self._runtime.scripts_dir}/{hashlib.sha256(data).hexdigest()}.py"
-        if not Path(path).is_file():
+        if not await asyncio.to_thread(Path(path).is_file):
             await self._runtime.write(path, data)
         return [sys.executable, path]
 

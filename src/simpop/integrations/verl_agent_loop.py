@@ -94,7 +94,8 @@ class SimpopAgentLoop(AgentLoopBase):
                 token_ids, output.token_ids, mask, logprobs if (logprobs or output.log_probs) else None,
                 assistant_logprobs=output.log_probs or None)
             token_ids, logprobs = merged.token_ids, merged_logprobs or []
-            reply = self.tokenizer.decode(output.token_ids, skip_special_tokens=True).strip()
+            # verl annotates its tokenizer as AutoTokenizer (the factory); it holds the tokenizer the factory built
+            reply = self.tokenizer.decode(output.token_ids, skip_special_tokens=True).strip()  # type: ignore[attr-defined]
             messages.append({"role": "assistant", "content": reply})
             observations, rewards, _, _, infos = env.step({policy: reply})
             while not env.done and env.to_act == user:

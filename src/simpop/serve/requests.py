@@ -8,6 +8,7 @@ names them, unless they carry their neutral value (``"tools": []``, ``"frequency
 from __future__ import annotations
 
 import json
+from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Annotated, Any, Literal
 
@@ -300,7 +301,7 @@ SHAPES = {
 }
 
 
-def describe(errors: list[Any]) -> tuple[str, str | None]:
+def describe(errors: Sequence[Any]) -> tuple[str, str | None]:
     """A one-line message and the offending top-level field for the first error of a pydantic validation."""
     fields = _field_names()
 

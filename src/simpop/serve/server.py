@@ -101,8 +101,11 @@ class SimpopServer:
         app = RequestGate(_app(self), api_key, limits.max_body_bytes, limits.read_timeout_s, self._count_request,
                           self._count_rejection)
         config = uvicorn.Config(
-            app, http=functools.partial(HeadTimeoutProtocol, head_timeout_s=limits.read_timeout_s),
-            timeout_keep_alive=limits.keep_alive_s, timeout_graceful_shutdown=limits.shutdown_grace_s,
+            # uvicorn annotates `http` as a protocol class and the timeouts as int; it calls the factory and
+            # uses the timeouts as float seconds (loop.call_later, asyncio.wait_for), so both work as given.
+            app, http=functools.partial(HeadTimeoutProtocol, head_timeout_s=limits.read_timeout_s),  # type: ignore[arg-type]
+            timeout_keep_alive=limits.keep_alive_s,  # type: ignore[arg-type]
+            timeout_graceful_shutdown=limits.shutdown_grace_s,  # type: ignore[arg-type]
             lifespan="off", ws="none", log_config=None,
             access_log=log_requests, log_level="info" if log_requests else "warning",
         )
@@ -273,6 +276,7 @@ def _app(server: SimpopServer) -> Any:
             if top_k:
                 _check_top_logprobs(server.backend, schema)
             max_tokens = body.max_new_tokens(server.limits.default_max_tokens)
+            row: Chat | list[int]
             method, row = "generate", chat
             if _takes_ids(server.backend):
                 ids = await _tokenized(server.backend.encode_chat, chat)  # type: ignore[attr-defined]

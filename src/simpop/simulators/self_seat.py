@@ -56,7 +56,7 @@ class PolicySeat(LLMSimulator):
     @property
     def spec(self) -> SimulatorSpec:
         adapter = f"+lora:{self.policy.adapter}" if self.policy.adapter else ""
-        return SimulatorSpec(self.kind, f"{self.backend.name}{adapter}", decoding=self._decoding())
+        return SimulatorSpec(self.kind, f"{self.backend.name}{adapter}", decoding=tuple(self._decoding().items()))
 
     def clear(self) -> None:
         """Forget the recorded dialogues (before each collection)."""
@@ -71,7 +71,7 @@ class PolicySeat(LLMSimulator):
     def raw_generate(self, chats: list[Chat], params: SamplingParams) -> list[str]:
         """Generate with the policy (its adapter active), keeping ids and log-probs of every reply."""
         self.stats["backend_calls"] += 1
-        prompts = [self.backend.encode_chat(chat) for chat in chats]
+        prompts = [self.policy.backend.encode_chat(chat) for chat in chats]  # the seat's backend: a token one
         generations = self.policy.generate_ids(prompts, dataclasses.replace(params, logprobs=True))
         self._last = [LLMTurn(p, g.token_ids, list(g.logprobs or [])) for p, g in zip(prompts, generations)]
         return [g.text for g in generations]
@@ -123,7 +123,7 @@ class HeadSeat(Simulator):
     @property
     def spec(self) -> SimulatorSpec:
         return SimulatorSpec(self.kind, f"act-head-{self.head.obs_dim}x{self.head.n_actions}",
-                             decoding={"temperature": 1.0})
+                             decoding=(("temperature", 1.0),))
 
     def reset_batch(self, scenarios: list[Any], rngs: list[np.random.Generator]) -> None:
         if len(scenarios) != len(rngs):

@@ -27,6 +27,7 @@ page, its script and every other chat stay answered while a policy is slow.
 # No ``from __future__ import annotations``: FastAPI reads the route signatures, one of which names a class
 # defined inside create_app (its length limit is a setting).
 import asyncio
+import contextlib
 import secrets
 import time
 from collections import Counter
@@ -52,8 +53,6 @@ STATIC = Path(__file__).with_name("static")
 MAX_BODY_BYTES = 64 * 1024
 #: Seconds a request body may take to arrive (408 after).
 BODY_TIMEOUT_S = 30.0
-#: How often a waiting request looks at its chat.
-_POLL_S = 0.05
 SECURITY_HEADERS = {
     "Content-Security-Policy": ("default-src 'none'; script-src 'self'; style-src 'self'; connect-src 'self'; "
                                 "img-src 'self'; base-uri 'none'; form-action 'none'; frame-ancestors 'none'"),
@@ -140,12 +139,25 @@ def create_app(study: Study, token: str, *, max_message_chars: int = 1000, messa
     async def wait_turn(chat, after: int = -1) -> None:
         """Wait on the event loop (no thread held) until the person's turn or the end, or the timeout."""
         check_waits(chat)
+        loop, changed = asyncio.get_running_loop(), asyncio.Event()
+
+        def wake() -> None:  # in the dialogue's thread
+            with contextlib.suppress(RuntimeError):  # the loop closed (server shutdown): nobody waits
+                loop.call_soon_threadsafe(changed.set)
+
         waiting[chat.id] += 1
+        stop = chat.seat.listen(wake)
         try:
             deadline = time.monotonic() + reply_timeout_s
-            while not chat.ready(after) and time.monotonic() < deadline:
-                await asyncio.sleep(_POLL_S)
+            while True:
+                changed.clear()  # before the check: a change after it sets the event again
+                left = deadline - time.monotonic()
+                if chat.ready(after) or left <= 0:
+                    break
+                with contextlib.suppress(TimeoutError):
+                    await asyncio.wait_for(changed.wait(), left)
         finally:
+            stop()
             waiting[chat.id] -= 1
             if not waiting[chat.id]:
                 del waiting[chat.id]

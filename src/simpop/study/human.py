@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import threading
 import time
+from collections.abc import Callable
 from typing import Any
 
 import numpy as np
@@ -43,6 +44,7 @@ class HumanSeat(Simulator):
         self.turn_s: list[float] = []
         self.asks = 0
         self._changed = threading.Condition()
+        self._listeners: list[Callable[[], None]] = []
         self._reply: str | None = None
         self._closed = False
 
@@ -61,13 +63,13 @@ class HumanSeat(Simulator):
         with self._changed:
             self.observation, self._reply = observations[0], None
             self.asks += 1
-            self._changed.notify_all()
+            self._notify_all()
             if not self._changed.wait_for(lambda: self._reply is not None or self._closed,
                                           timeout=self.idle_timeout_s) or self._closed:
                 self.observation = None
                 raise Abandoned("closed" if self._closed else f"no reply within {self.idle_timeout_s:.0f} s")
             reply, self._reply, self.observation = self._reply, None, None
-            self._changed.notify_all()
+            self._notify_all()
         self.turn_s.append(time.monotonic() - asked)
         return [reply]
 
@@ -77,13 +79,13 @@ class HumanSeat(Simulator):
             if self.observation is None or self._reply is not None:
                 raise RuntimeError("it is not your turn")
             self._reply = text
-            self._changed.notify_all()
+            self._notify_all()
 
     def close(self) -> None:
         """Abandon a pending turn (the engine's ``act_batch`` raises :class:`Abandoned`)."""
         with self._changed:
             self._closed = True
-            self._changed.notify_all()
+            self._notify_all()
 
     def wait(self, until: Any, timeout_s: float) -> bool:
         """Wait until ``until()`` holds (checked whenever the seat's state changes); False on timeout."""
@@ -93,4 +95,22 @@ class HumanSeat(Simulator):
     def notify(self) -> None:
         """Wake waiters (the dialogue ended)."""
         with self._changed:
-            self._changed.notify_all()
+            self._notify_all()
+
+    def listen(self, callback: Callable[[], None]) -> Callable[[], None]:
+        """Call ``callback`` (in the changing thread, so it must be quick) whenever the seat's state changes, as
+        :meth:`wait` would wake; returns the function that stops it. An event loop waits this way, holding no
+        thread."""
+        with self._changed:
+            self._listeners.append(callback)
+
+        def stop() -> None:
+            with self._changed:
+                self._listeners.remove(callback)
+
+        return stop
+
+    def _notify_all(self) -> None:  # called holding self._changed
+        self._changed.notify_all()
+        for callback in self._listeners:
+            callback()

@@ -53,7 +53,8 @@ AGGREGATIONS: tuple[str, ...] = ("token-mean", "sequence-mean", "token-sum")
 
 
 # ====================================================================================== advantages
-def _rewards_and_groups(rewards: Sequence[float], groups: Sequence[Hashable]) -> tuple[np.ndarray, np.ndarray]:
+def _rewards_and_groups(rewards: Sequence[float] | np.ndarray,
+                        groups: Sequence[Hashable] | np.ndarray) -> tuple[np.ndarray, np.ndarray]:
     r, g = np.asarray(rewards, dtype=float), np.asarray(groups)
     if r.shape != g.shape or r.ndim != 1:
         raise ValueError(f"rewards {r.shape} and groups {g.shape} must be equal-length 1-D sequences")
@@ -118,7 +119,7 @@ def zero_variance_groups(rewards: Sequence[float], groups: Sequence[Hashable]) -
     return {label.item() for label in np.unique(g) if np.ptp(r[g == label]) == 0}
 
 
-def zero_variance_fraction(rewards: Sequence[float], groups: Sequence[Hashable]) -> float:
+def zero_variance_fraction(rewards: Sequence[float] | np.ndarray, groups: Sequence[Hashable] | np.ndarray) -> float:
     """Fraction of groups whose rewards are all equal; nan when there are no groups."""
     r, g = _rewards_and_groups(rewards, groups)
     labels = np.unique(g)

@@ -181,7 +181,7 @@ class SelfPlayTrainer:
             "user_rejected": float(sum(t.user_rejected for t in batch.trajectories)), "rollout_s": batch.stats.total_s}
         if self.config.policy_trainable and self.player is None:
             metrics = self.policy_trainer.update(batch)
-        elif self.config.policy_trainable:
+        elif self.config.policy_trainable and self.player is not None:
             rows = self._rows(self.player, batch, batch.advantages, user=False)
             if rows.trajectories:
                 update = self.policy_trainer.update(rows)

@@ -76,7 +76,10 @@ def test_training_updates_are_bit_identical(monkeypatch: pytest.MonkeyPatch, con
     (b0, m0, t0), (b1, m1, t1) = run(False), run(True)
     for x, y in zip(b0, b1):
         assert_same(x, y)
-    strip = lambda ms: [{k: v for k, v in m.items() if not k.endswith("_s")} for m in ms]
+
+    def strip(ms):
+        return [{k: v for k, v in m.items() if not k.endswith("_s")} for m in ms]
+
     assert strip(m0) == strip(m1)
     assert t0 == t1
 

@@ -152,7 +152,7 @@ class ActWave:
             if isinstance(action, (bool, np.bool_)):
                 good = False
             elif isinstance(action, (int, np.integer)):
-                good = 0 <= action < n
+                good = bool(0 <= action < n)
             else:
                 good = space.contains(action)
             if good:

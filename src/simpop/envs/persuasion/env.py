@@ -425,7 +425,8 @@ class PersuasionActEnv(_PersuasionEnv):
 
     @transcript.setter
     def transcript(self, turns: list[Turn]) -> None:
-        self._transcript, self._pending = turns, []
+        self._transcript = turns
+        self._pending: list[tuple[str, int]] = []  # accepted (seat, action) pairs not yet rendered
 
     def vector_wave(self, envs: list[PersuasionActEnv]) -> ActWave:
         """A stepper that plays a wave of dialogues in ``envs`` (this env among them) as arrays, with the same

@@ -29,9 +29,10 @@ import functools
 import hashlib
 import json
 import math
+from collections.abc import Sequence
 from dataclasses import asdict
 from importlib import resources
-from typing import Any, Sequence
+from typing import Any
 
 import numpy as np
 
@@ -147,7 +148,8 @@ def _params_dict(params: PersuadeeParams) -> dict[str, Any]:
 
 def params_of(data: dict[str, Any]) -> PersuadeeParams:
     """:class:`PersuadeeParams` from a fit's ``point`` or ``resamples`` entry."""
-    return PersuadeeParams(**{k: (tuple(v) if isinstance(v, list) else v) for k, v in data.items()})
+    fields: dict[str, Any] = {k: (tuple(v) if isinstance(v, list) else v) for k, v in data.items()}
+    return PersuadeeParams(**fields)
 
 
 # ---------------------------------------------------------------------------------------------- quality
