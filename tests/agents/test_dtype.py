@@ -18,5 +18,5 @@ def test_auto_resolves_by_device_and_cpu_and_explicit_values_stay():
 
 def test_model_config_defaults_to_auto():
     assert ModelConfig().dtype == "auto" and ModelConfig(dtype="float32").dtype == "float32"
-    with pytest.raises(ValueError, match="'auto', 'float32' or 'bfloat16'"):
+    with pytest.raises(ValueError, match="'auto', 'float32', 'bfloat16', got 'float16'"):
         ModelConfig(dtype="float16")

@@ -26,6 +26,7 @@ COMMAND = "simpop fit-p4g --corpus DIR --check"
 
 
 def configure(parser: argparse.ArgumentParser) -> None:
+    """Add ``simpop fit-p4g``'s arguments to ``parser``."""
     from simpop.envs.persuasion.fitted import CORPUS_COMMIT, FIT_SEED, RESAMPLES
 
     parser.add_argument("--corpus", required=True, metavar="DIR",
@@ -81,6 +82,7 @@ def differences(a: Any, b: Any, path: str = "", rel: float = 1e-9) -> list[str]:
 
 
 def run(args: argparse.Namespace) -> int:
+    """Run ``simpop fit-p4g`` with parsed arguments; returns the exit code."""
     from simpop.envs.persuasion.corpus import CorpusError
 
     if not Path(args.corpus).is_dir():

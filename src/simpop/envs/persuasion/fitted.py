@@ -109,7 +109,9 @@ def fit_release(corpus_dir: str, *, seed: int = FIT_SEED, fraction: float = HELD
 
     Args:
         corpus_dir: The corpus folder (:func:`~simpop.envs.persuasion.corpus.load_corpus`).
-        seed, fraction, resamples: The split's and resamples' seed, the held-out share, the resamples fitted.
+        seed: The seed of the held-out split and of the bootstrap resamples.
+        fraction: The share of dialogues held out from the fit.
+        resamples: How many bootstrap resamples are fitted.
         commit: The corpus repository's commit the files come from (recorded, not checked).
         command: The command that made it (recorded).
     """
