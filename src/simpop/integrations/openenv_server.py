@@ -44,7 +44,6 @@ import itertools
 import json
 import socket
 import threading
-import time
 import uuid
 from collections.abc import Callable, MutableMapping, Sequence
 from dataclasses import dataclass, field
@@ -60,7 +59,7 @@ except ImportError as error:  # pragma: no cover - exercised only without the ex
     raise ImportError("the OpenEnv server needs the openenv package: pip install simpop[openenv]") from error
 
 from simpop.agents.base import Generation
-from simpop.serve.http import HeadTimeoutProtocol, RequestGate, error_body
+from simpop.serve.http import HeadTimeoutProtocol, RequestGate, UvicornThread, error_body
 from simpop.envs.registration import make
 from simpop.envs.wrappers import UserSeat
 from simpop.envs.dialogue import parse_observation
@@ -433,7 +432,6 @@ class OpenEnvServer:
     log_requests: bool = False
     rejected: int = 0
     _uvicorn: Any = field(default=None, repr=False)
-    _thread: threading.Thread | None = field(default=None, repr=False)
 
     def __post_init__(self) -> None:
         config = uvicorn.Config(
@@ -444,7 +442,7 @@ class OpenEnvServer:
             timeout_keep_alive=self.limits.keep_alive_s, lifespan="on", log_config=None,  # type: ignore[arg-type]
             access_log=self.log_requests, log_level="info" if self.log_requests else "warning",
             backlog=4096)
-        self._uvicorn = uvicorn.Server(config)
+        self._uvicorn = UvicornThread(config, self.socket, "the OpenEnv server")
 
     @property
     def url(self) -> str:
@@ -453,24 +451,16 @@ class OpenEnvServer:
 
     def serve_forever(self) -> None:
         """Serve on this thread until Ctrl-C."""
-        self._uvicorn.run(sockets=[self.socket])
+        self._uvicorn.serve_forever()
 
     def start(self, timeout_s: float = 30.0) -> OpenEnvServer:
         """Serve from a daemon thread (in-process use and tests); returns once it accepts connections."""
-        self._thread = threading.Thread(target=self.serve_forever, name="simpop-openenv", daemon=True)
-        self._thread.start()
-        deadline = time.monotonic() + timeout_s
-        while not self._uvicorn.started:
-            if not self._thread.is_alive() or time.monotonic() > deadline:
-                raise RuntimeError("the OpenEnv server did not start (see the log)")
-            time.sleep(0.01)
+        self._uvicorn.start(timeout_s)
         return self
 
     def close(self) -> None:
         """Stop serving and release the port."""
-        if self._thread is not None:
-            self._uvicorn.should_exit = True
-            self._thread.join()
+        self._uvicorn.stop()
         self.socket.close()
 
     def __enter__(self) -> OpenEnvServer:

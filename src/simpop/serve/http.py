@@ -4,7 +4,9 @@
 read, refuses a body over the size cap (from ``Content-Length``, and again while reading, for chunked
 bodies) and a body that does not arrive within the read timeout. :class:`HeadTimeoutProtocol` (uvicorn's
 h11 protocol) closes a connection whose request head does not arrive within that timeout: uvicorn's own
-``timeout_keep_alive`` only covers idle time between requests, and any byte resets it.
+``timeout_keep_alive`` only covers idle time between requests, and any byte resets it. :class:`UvicornThread`
+runs a uvicorn server on a bound socket, on the calling thread or a daemon thread (``simpop serve`` and the
+OpenEnv server).
 """
 
 from __future__ import annotations
@@ -13,9 +15,12 @@ import asyncio
 import hmac
 import json
 import socket
+import threading
+import time
 from typing import Any
 
 import h11
+import uvicorn
 from uvicorn.protocols.http.h11_impl import H11Protocol
 
 Scope = dict[str, Any]
@@ -163,3 +168,32 @@ class HeadTimeoutProtocol(H11Protocol):
     def _head_timed_out(self) -> None:
         if self.conn.their_state is h11.IDLE and not self.transport.is_closing():
             self.transport.close()
+
+
+class UvicornThread:
+    """A uvicorn server on a bound socket: :meth:`serve_forever` on this thread (Ctrl-C stops it), or
+    :meth:`start` on a daemon thread (in-process use and tests) and :meth:`stop`."""
+
+    def __init__(self, config: uvicorn.Config, sock: socket.socket, name: str) -> None:
+        self.server, self.socket, self.name = uvicorn.Server(config), sock, name
+        self._thread: threading.Thread | None = None
+
+    def serve_forever(self) -> None:
+        """Serve on this thread until Ctrl-C (uvicorn handles the signal)."""
+        self.server.run(sockets=[self.socket])
+
+    def start(self, timeout_s: float = 30.0) -> None:
+        """Serve from a daemon thread; returns once it accepts connections (RuntimeError if it does not)."""
+        self._thread = threading.Thread(target=self.serve_forever, name=self.name, daemon=True)
+        self._thread.start()
+        deadline = time.monotonic() + timeout_s
+        while not self.server.started:
+            if not self._thread.is_alive() or time.monotonic() > deadline:
+                raise RuntimeError(f"{self.name} did not start (see the log)")
+            time.sleep(0.01)
+
+    def stop(self) -> None:
+        """Ask the server to exit and wait for its thread (a no-op unless :meth:`start` ran)."""
+        if self._thread is not None:
+            self.server.should_exit = True
+            self._thread.join()

@@ -47,7 +47,6 @@ import functools
 import json
 import logging
 import socket
-import threading
 import time
 import uuid
 from collections.abc import AsyncIterator, Iterator
@@ -65,7 +64,7 @@ except ImportError as missing:
 
 from simpop.agents.base import Backend, Chat, Generation, SamplingParams, supports_json_schema
 from simpop.serve.batching import MicroBatcher
-from simpop.serve.http import HeadTimeoutProtocol, RequestGate, error_body
+from simpop.serve.http import HeadTimeoutProtocol, RequestGate, UvicornThread, error_body
 from simpop.serve.requests import ChatCompletionRequest, CompletionRequest, LimitExceeded, Limits, describe
 
 log = logging.getLogger(__name__)
@@ -109,8 +108,7 @@ class SimpopServer:
             lifespan="off", ws="none", log_config=None,
             access_log=log_requests, log_level="info" if log_requests else "warning",
         )
-        self._uvicorn = uvicorn.Server(config)
-        self._thread: threading.Thread | None = None
+        self._uvicorn = UvicornThread(config, sock, "simpop serve")
 
     @property
     def url(self) -> str:
@@ -119,24 +117,16 @@ class SimpopServer:
 
     def serve_forever(self) -> None:
         """Serve on this thread until Ctrl-C (uvicorn handles the signal)."""
-        self._uvicorn.run(sockets=[self.socket])
+        self._uvicorn.serve_forever()
 
     def start(self, timeout_s: float = 30.0) -> SimpopServer:
         """Serve from a daemon thread (for in-process use and tests); returns ``self`` once it accepts requests."""
-        self._thread = threading.Thread(target=self.serve_forever, name="simpop-serve", daemon=True)
-        self._thread.start()
-        deadline = time.monotonic() + timeout_s
-        while not self._uvicorn.started:
-            if not self._thread.is_alive() or time.monotonic() > deadline:
-                raise RuntimeError("simpop serve did not start (see the log)")
-            time.sleep(0.01)
+        self._uvicorn.start(timeout_s)
         return self
 
     def close(self) -> None:
         """Stop serving and release the port."""
-        if self._thread is not None:
-            self._uvicorn.should_exit = True
-            self._thread.join()
+        self._uvicorn.stop()
         self.batcher.close()
         self.socket.close()
 
