@@ -90,7 +90,7 @@ def _adapter(hint: Any) -> TypeAdapter | None:
         return None
 
 
-def _unwrap_optional(hint: Any) -> tuple[Any, bool]:
+def unwrap_optional(hint: Any) -> tuple[Any, bool]:
     """``X | None`` -> ``(X, True)``; anything else -> ``(hint, False)``."""
     if typing.get_origin(hint) in (typing.Union, types.UnionType):
         args = [a for a in typing.get_args(hint) if a is not type(None)]
@@ -101,7 +101,7 @@ def _unwrap_optional(hint: Any) -> tuple[Any, bool]:
 
 def describe(hint: Any) -> str:
     """An annotation in words, for error messages."""
-    kind, optional = _unwrap_optional(hint)
+    kind, optional = unwrap_optional(hint)
     if optional:
         return f"{describe(kind)} or null"
     origin, args = typing.get_origin(hint), typing.get_args(hint)
@@ -146,7 +146,7 @@ def check(owner: str, name: str, hint: Any, value: Any, noun: str = "") -> Any:
 
 
 def _message(owner: str, name: str, hint: Any, value: Any, error: dict[str, Any]) -> str:
-    kind, _ = _unwrap_optional(hint)
+    kind, _ = unwrap_optional(hint)
     loc = error.get("loc", ())
     if typing.get_origin(kind) in (tuple, list) and loc and isinstance(loc[0], int) \
             and isinstance(value, (list, tuple)) and loc[0] < len(value):
@@ -156,7 +156,7 @@ def _message(owner: str, name: str, hint: Any, value: Any, error: dict[str, Any]
     if error.get("type") == "finite_number":
         return f"{owner}: {name} must be a finite number, got {value}"
     text = f"{owner}: {name} must be {describe(hint)}, got {value!r} ({type(value).__name__})"
-    if _unwrap_optional(hint)[0] is bool and isinstance(value, str):
+    if unwrap_optional(hint)[0] is bool and isinstance(value, str):
         text += "; a quoted string: write true or false without quotes"
     return text
 

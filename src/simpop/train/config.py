@@ -19,12 +19,11 @@ import argparse
 import dataclasses
 import inspect
 import re
-import types
 import typing
 from pathlib import Path
 from typing import Any, Literal, TypeVar
 
-from simpop.validation import check
+from simpop.validation import check, unwrap_optional
 
 T = TypeVar("T")
 
@@ -74,7 +73,7 @@ def add_arguments(parser: argparse.ArgumentParser, cls: type, skip: tuple[str, .
         if f.name in skip:
             continue
         default = f.default if f.default is not dataclasses.MISSING else f.default_factory()  # type: ignore[operator,misc]
-        kind, optional = _unwrap_optional(hints[f.name])
+        kind, optional = unwrap_optional(hints[f.name])
         if dataclasses.is_dataclass(kind):
             add_arguments(parser, kind, prefix=f"{prefix}{f.name}.")  # type: ignore[arg-type]  # a dataclass type
             continue
@@ -108,7 +107,7 @@ def build(cls: type[T], args: argparse.Namespace | None = None, yaml_path: str |
     if args is not None:
         for key, value in vars(args).items():
             head, dot, tail = key.partition(".")
-            if dot and head in names and dataclasses.is_dataclass(_unwrap_optional(hints[head])[0]):
+            if dot and head in names and dataclasses.is_dataclass(unwrap_optional(hints[head])[0]):
                 # A nested config's flag: merged into the mapping its class's __post_init__ turns into the config.
                 values[head] = _merged(values.get(head), tail, value)
             elif key in names:
@@ -196,15 +195,6 @@ def save_yaml(config: Any, path: str | Path) -> None:
     import yaml
 
     Path(path).write_text(yaml.safe_dump(to_dict(config), sort_keys=False))
-
-
-def _unwrap_optional(hint: Any) -> tuple[Any, bool]:
-    """``X | None`` -> ``(X, True)``; anything else -> ``(hint, False)``."""
-    if typing.get_origin(hint) in (typing.Union, types.UnionType):
-        args = [a for a in typing.get_args(hint) if a is not type(None)]
-        if len(args) == 1:
-            return args[0], True
-    return hint, False
 
 
 def _none_or(kind: type):
