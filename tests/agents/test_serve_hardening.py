@@ -63,6 +63,8 @@ def test_shutdown_with_a_request_in_flight_is_prompt():
     closer.start()
     closer.join(15)
     assert not closer.is_alive() and time.monotonic() - started < 10 and backend.stopped == 1
+    # the backend outlives the server: its next in-process call must run whole, not stop at once
+    assert not backend.stop_event.is_set()
 
 
 @pytest.mark.parametrize("body", [

@@ -80,9 +80,14 @@ class MicroBatcher:
             raise
 
     def close(self) -> None:
-        """Stop the running batch at its next token (where the backend can) and the model thread."""
+        """Stop the running batch at its next token (where the backend can) and the model thread; the backend
+        outlives the server, so its stop flag is cleared again once the batch has ended (else its next in-process
+        ``generate`` would stop after one token)."""
         self._stop_backend()
         self._model_thread.shutdown(wait=True, cancel_futures=True)
+        event = getattr(self.backend, "stop_event", None)
+        if isinstance(event, threading.Event):
+            event.clear()
 
     def _stop_backend(self) -> None:
         event = getattr(self.backend, "stop_event", None)
