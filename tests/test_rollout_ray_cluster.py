@@ -120,9 +120,11 @@ def test_more_workers_than_the_cluster_holds_is_a_clear_error(two_nodes, tmp_pat
 def test_training_joins_the_cluster_and_survives_a_dead_worker_node(two_nodes, tmp_path):
     env, address, node_port = two_nodes
     run = tmp_path / "run"
-    # The driver is its own process (it joins the cluster); workers may take 15 s to start, not 60.
-    code = ("import sys, simpop.rollout_ray as r; r.WORKER_START_S = 15.0; from simpop.cli import main; "
-            "sys.exit(main(sys.argv[1:]))")
+    # The driver is its own process (it joins the cluster); workers may take 15 s to start, not 60. Each update
+    # waits 1 s before its rollouts, so the node dies while updates remain however fast this machine steps.
+    code = ("import sys, time, simpop.rollout_ray as r; r.WORKER_START_S = 15.0; run = r.RayRolloutEngine.run_waves; "
+            "r.RayRolloutEngine.run_waves = lambda self, waves: (time.sleep(1.0), run(self, waves))[1]; "
+            "from simpop.cli import main; sys.exit(main(sys.argv[1:]))")
     driver = subprocess.Popen([sys.executable, "-c", code, "train", "grpo", "--env", "simpop/PersuasionAct-v0",
                                "--updates", "12", "--out", str(run), "--no-progress", "--threads", "1",
                                "--ray", "--ray-address", address, "--ray-workers", "2", "--ray-worker-cpus", "1"],
@@ -138,6 +140,7 @@ def test_training_joins_the_cluster_and_survives_a_dead_worker_node(two_nodes, t
         assert raylet, "the second node's raylet is not running"
         children = [int(p) for r in raylet for p in Path(f"/proc/{r}/task/{r}/children").read_text().split()]
         _kill(raylet + children)
+        assert len(metrics.read_text().splitlines()) < 12, "the run ended before the node died"
         output, _ = driver.communicate(timeout=240)
     finally:
         if driver.poll() is None:
