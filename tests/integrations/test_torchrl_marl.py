@@ -21,7 +21,8 @@ import simpop  # noqa: E402
 from simpop.integrations.marl import MarlView  # noqa: E402
 from simpop.seat import Simulator  # noqa: E402
 from simpop.integrations.torchrl_marl import (MarlConfig, PPOConfig, evaluate, make_marl_env,  # noqa: E402
-                                              train_both_seats, train_policy_seat)
+                                              train_policy_seat)
+from tests.integrations.conftest import doc_example  # noqa: E402
 
 
 @pytest.fixture
@@ -77,25 +78,17 @@ def _gain(better: np.ndarray, worse: np.ndarray) -> tuple[float, float]:
 
 
 @pytest.mark.slow
-def test_both_seats_learn(one_thread):
-    config = MarlConfig(iterations=30)
-    trained = train_both_seats(config, log=lambda line: None)
-    persuader, user = trained.policies["persuader"], trained.policies["persuadee"]
-    policy_gain, policy_se = _gain(evaluate(persuader, user, config).success, evaluate(None, user, config).success)
-    user_gain, user_se = _gain(evaluate(None, None, config).user_kl, evaluate(None, user, config).user_kl)
-    print(f"persuader vs random: +{policy_gain:.3f} (SE {policy_se:.3f}); KL(user || reference) "
-          f"uniform - trained: {user_gain:.3f} (SE {user_se:.3f})")
+def test_the_documented_example_trains_both_seats_and_the_policy_seat_alone(one_thread):
+    run = {}
+    exec(doc_example("train_both_seats("), run)  # docs/integrations.md's TorchRL example, as written
+    persuader, user = run["both"].policies["persuader"], run["both"].policies["persuadee"]
+    policy_gain, policy_se = _gain(evaluate(persuader, user).success, evaluate(None, user).success)
+    user_gain, user_se = _gain(evaluate(None, None).user_kl, evaluate(None, user).user_kl)
+    print(f"both seats: persuader vs random +{policy_gain:.3f} (SE {policy_se:.3f}); KL(user || reference) "
+          f"random - trained user {user_gain:.3f} (SE {user_se:.3f})")
     assert policy_gain > 2 * policy_se and user_gain > 2 * user_se
-
-
-@pytest.mark.slow
-def test_the_policy_seat_learns_against_a_population(one_thread):
-    population = ["persuadee", "persuadee?temperature=0.8"]
-    trained = train_policy_seat(population, PPOConfig(iterations=20), log=lambda line: None)
-    learned = evaluate(trained.policies["persuader"], "persuadee").success.mean()
-    random = evaluate(None, "persuadee").success.mean()
-    print(f"persuader {learned:.3f} vs random {random:.3f}")
-    assert learned >= random + 0.15
+    solo = evaluate(run["solo"].policies["persuader"], "persuadee").success.mean()
+    assert solo >= evaluate(None, "persuadee").success.mean() + 0.15
 
 
 def test_evaluation_scores_each_seat_on_fixed_seeds():
