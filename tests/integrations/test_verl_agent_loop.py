@@ -120,3 +120,10 @@ def test_the_documented_dataset_example_writes_one_row_per_scenario(tmp_path, mo
     table = pd.read_parquet(tmp_path / "p4g.parquet")
     assert len(table) == 200 and set(table["agent_name"]) == {AGENT_NAME}
     assert table["extra_info"][0]["simpop"]["env_kwargs"] == {"max_turns": 5}
+
+
+def test_the_documented_agent_loop_config_names_this_loop():
+    from hydra.utils import get_class
+
+    (entry,) = OmegaConf.create(doc_example("_target_:", language="yaml"))  # what verl's agent-loop worker loads
+    assert entry.name == AGENT_NAME and get_class(entry._target_) is SimpopAgentLoop

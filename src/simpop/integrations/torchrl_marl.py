@@ -254,6 +254,7 @@ def evaluate(policy: nn.Module | None, user: str | nn.Module | None, config: Mar
                     floor=config.realism_floor)
     dialogue = view.dialogue
     simulator = build_simulator(user, env=dialogue) if isinstance(user, str) else None
+    user_net = None if isinstance(user, str) else user
     generator = torch.Generator().manual_seed(seed)
     success, user_kl = np.zeros(episodes), np.full(episodes, np.nan)
 
@@ -274,7 +275,7 @@ def evaluate(policy: nn.Module | None, user: str | nn.Module | None, config: Mar
             if seat == dialogue.user_seat and simulator is not None:
                 action = simulator.act(observations[seat])
             else:
-                probs = distribution(policy if seat == dialogue.policy_seat else user, observations[seat],
+                probs = distribution(policy if seat == dialogue.policy_seat else user_net, observations[seat],
                                      infos[seat]["action_mask"])
                 if seat == dialogue.user_seat:
                     support = probs > 0
