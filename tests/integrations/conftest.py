@@ -24,3 +24,15 @@ def run_in(python: str, *args: str, timeout: float = 600) -> subprocess.Complete
     """``python ARGS`` with these sources first on the path."""
     env = {**os.environ, "PYTHONPATH": str(ROOT / "src")}
     return subprocess.run([python, *args], capture_output=True, text=True, env=env, timeout=timeout, cwd=ROOT)
+
+
+def doc_example(marker: str, language: str = "python") -> str:
+    """The one ``language`` block of ``docs/integrations.md`` that contains ``marker`` (tests run the copy-paste
+    examples as written)."""
+    import re
+
+    page = (ROOT / "docs" / "integrations.md").read_text()
+    blocks = [m["body"] for m in re.finditer(rf"^```{language}\n(?P<body>.*?)^```", page, re.S | re.M)
+              if marker in m["body"]]
+    assert len(blocks) == 1, f"{len(blocks)} {language} blocks of docs/integrations.md contain {marker!r}"
+    return blocks[0]

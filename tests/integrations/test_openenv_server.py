@@ -21,6 +21,7 @@ from simpop.integrations.openenv_client import SimpopEnvClient  # noqa: E402
 from simpop.integrations.openenv_server import (  # noqa: E402
     PendingGate, ServerLimits, SimpopAction, SimpopEnvironment, UserSeatSource, make_server)
 from simpop.simulators.registry import build_simulator  # noqa: E402
+from tests.integrations.conftest import doc_example  # noqa: E402
 
 ACT = "simpop/PersuasionAct-v0"
 LIMITS = ServerLimits(max_sessions=4, max_pending=8, max_body_bytes=16_384, read_timeout_s=5.0)
@@ -256,3 +257,9 @@ def test_cli_bad_input_is_one_line_and_exit_2(argv, message, capsys):
     assert main(["openenv", "serve", *argv, "--port", "0"]) == 2
     err = capsys.readouterr().err.strip()
     assert message in err and len(err.splitlines()) == 1
+
+
+def test_the_documented_client_example_runs(act_server, capsys):
+    exec(doc_example("SimpopEnvClient(base_url=").replace("http://127.0.0.1:8000", act_server.url), {})
+    reward, simulator = capsys.readouterr().out.split()[:2]
+    assert float(reward) in (0.0, 1.0) and simulator == "persuadee"

@@ -13,7 +13,7 @@ import pytest
 from simpop.agents import load_backend
 from simpop.envs.persuasion import SURVEY
 from simpop.serve.server import make_server
-from tests.integrations.conftest import run_in
+from tests.integrations.conftest import doc_example, run_in
 
 
 @pytest.fixture(scope="module")
@@ -81,6 +81,15 @@ def test_both_seats_play_a_p4g_episode_through_verifiers(verifiers_python, endpo
 def test_a_trainable_simulator_kind_makes_the_user_agent_trainable(verifiers_python, endpoints):
     episode = play(verifiers_python, endpoints, "--user-simulator", "trainable:smollm2")
     assert episode["ok"] and episode["traces"]["user"]["trainable"] is True
+
+
+@pytest.mark.slow
+def test_the_documented_python_example_runs(verifiers_python, endpoints):
+    policy_url, user_url = endpoints
+    code = doc_example("env_config(").replace("http://127.0.0.1:8001/v1", policy_url)
+    result = run_in(verifiers_python, "-c", code.replace("http://127.0.0.1:8002/v1", user_url))
+    assert result.returncode == 0, result.stderr[-3000:]
+    assert result.stdout.strip() in ("{'outcome': 0.0}", "{'outcome': 1.0}"), result.stdout
 
 
 BAD = [

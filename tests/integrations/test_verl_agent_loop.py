@@ -22,6 +22,7 @@ from verl.workers.rollout.replica import TokenOutput  # noqa: E402
 from simpop.agents import SamplingParams, load_backend  # noqa: E402
 from simpop.integrations.turns import KICKOFF  # noqa: E402
 from simpop.integrations.verl_agent_loop import AGENT_NAME, SimpopAgentLoop, dataset_rows  # noqa: E402
+from tests.integrations.conftest import doc_example  # noqa: E402
 
 
 class SimpopServer:
@@ -109,3 +110,20 @@ def test_dataset_rows_need_a_text_env():
     rows = dataset_rows(episodes=3, seed=5)
     assert [r["extra_info"]["simpop"]["seed"] for r in rows] == [5, 6, 7]
     assert len({r["extra_info"]["simpop"]["scenario_id"] for r in rows}) == 3
+
+
+def test_the_documented_dataset_example_writes_one_row_per_scenario(tmp_path, monkeypatch):
+    import pandas as pd
+
+    monkeypatch.chdir(tmp_path)
+    exec(doc_example("dataset_rows("), {})  # docs/integrations.md's verl example, as written
+    table = pd.read_parquet(tmp_path / "p4g.parquet")
+    assert len(table) == 200 and set(table["agent_name"]) == {AGENT_NAME}
+    assert table["extra_info"][0]["simpop"]["env_kwargs"] == {"max_turns": 5}
+
+
+def test_the_documented_agent_loop_config_names_this_loop():
+    from hydra.utils import get_class
+
+    (entry,) = OmegaConf.create(doc_example("_target_:", language="yaml"))  # what verl's agent-loop worker loads
+    assert entry.name == AGENT_NAME and get_class(entry._target_) is SimpopAgentLoop

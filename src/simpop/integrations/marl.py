@@ -66,7 +66,8 @@ class MarlView(BaseParallelWrapper):
         self.possible_agents = list(unwrapped.possible_agents)
         self.agents: list[str] = []
         self._observations: dict[str, Any] = {}
-        self._reference: dict[int, float] = {}  # the reference's reply distribution at the user's turn
+        #: The reference's reply distribution (action -> probability) at the user seat's latest turn.
+        self.reference: dict[int, float] = {}
 
     def reset(self, seed: int | None = None, options: dict[str, Any] | None = None):
         """Reset the env (and the realism reference); infos are numeric: ``acting`` (1.0 for the seat to act) and
@@ -85,7 +86,7 @@ class MarlView(BaseParallelWrapper):
         observations, rewards, terminations, truncations, infos = self.env.step(actions)
         if self.realism is not None and seat == user and "invalid_action" not in infos[user]:
             # The mask kept the reply in the reference's support; a caller that ignores masks gets log(floor).
-            rewards[user] += math.log(max(self._reference.get(int(actions[user]), 0.0), self.floor))
+            rewards[user] += math.log(max(self.reference.get(int(actions[user]), 0.0), self.floor))
             self.realism.commit(self._observations[user], 0, actions[user])
         self.agents = list(self.dialogue.agents)
         self._observations = observations
@@ -97,9 +98,9 @@ class MarlView(BaseParallelWrapper):
             n = self.env.action_space(seat).n
             acting = self.dialogue.to_act == seat
             if acting and self.realism is not None and seat == self.dialogue.user_seat:
-                self._reference = {int(a): p for a, p in self.realism.distribution(self._observations[seat], 0)}
+                self.reference = {int(a): p for a, p in self.realism.distribution(self._observations[seat], 0)}
                 mask = np.zeros(n, np.int8)
-                mask[[a for a, p in self._reference.items() if p >= self.floor]] = 1
+                mask[[a for a, p in self.reference.items() if p >= self.floor]] = 1
             else:
                 mask = np.ones(n, np.int8)
             infos[seat] = {"acting": float(acting), "action_mask": mask}

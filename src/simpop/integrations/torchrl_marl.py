@@ -11,8 +11,9 @@ advantages: its objective is ``-KL(user || reference)`` at every turn.
 The policy seat alone (:func:`train_policy_seat`): TorchRL's ``GymWrapper`` around simpop's single-agent view
 ``gymnasium.make(env_id, simulator=population)``, the same PPO.
 
-:func:`success_rate` scores a policy seat (trained, or uniformly random) on fixed seeds against a simulator or a
-trained user seat, so learning is measured against a frozen opponent.
+:func:`evaluate` plays fixed seeds with frozen seats (trained, or uniformly random; the user seat may also be a
+simulator), so each seat's learning is measured against a frozen opponent: the policy seat's success, the user
+seat's ``KL(user || reference)``.
 """
 
 from __future__ import annotations
@@ -108,8 +109,12 @@ def _seat(env: EnvBase, prefix: tuple[str, ...], config: PPOConfig, *, gamma: fl
     loss = ClipPPOLoss(actor, critic, clip_epsilon=clip_epsilon, entropy_coeff=entropy,
                        normalize_advantage=normalize)
     # Every key per seat, the advantage and value target included: seats sharing them would train on each other's.
+    # ``done`` serves as ``terminated``: the turn cap ends a dialogue with reward 0 (the env calls it truncation,
+    # gymnasium's time limit) and observations carry the turn count, so nothing lies past it to bootstrap. GAE
+    # bootstrapping there paid the policy seat the critic's guess for stalling to the cap: in joint training it
+    # stopped asking for a donation and ended below a random persuader (docs/integrations.md).
     loss.set_keys(reward=(*prefix, "reward"), action=(*prefix, "action"), done=(*prefix, "done"),
-                  terminated=(*prefix, "terminated"), value=(*prefix, "state_value"),
+                  terminated=(*prefix, "done"), value=(*prefix, "state_value"),
                   sample_log_prob=(*prefix, "sample_log_prob"), advantage=(*prefix, "advantage"),
                   value_target=(*prefix, "value_target"))
     loss.make_value_estimator(ValueEstimators.GAE, gamma=gamma, lmbda=config.lmbda)
@@ -227,38 +232,59 @@ def train_policy_seat(population: Any, config: PPOConfig | None = None,
     return Trained(history, {simpop.make(config.env_id).policy_seat: seat.net})
 
 
-def success_rate(policy: nn.Module | None, opponent: str | nn.Module, config: MarlConfig | None = None,
-                 episodes: int = 300, seed: int = 10_000) -> float:
-    """The policy seat's mean outcome on seeds ``seed ..``, its actions sampled from ``policy``'s logits (uniformly at
-    random when ``policy`` is None), against ``opponent``: a simulator spec, or a trained user seat's logits network
-    (its replies sampled within :class:`MarlView`'s realism mask, as in training)."""
+@dataclass
+class Evaluation:
+    """Per-episode results of :func:`evaluate` (one entry per seed)."""
+
+    #: The policy seat's outcome (P4G: 1.0 if the persuadee donated).
+    success: np.ndarray
+    #: The mean over the user seat's turns of ``KL(user || reference)``, the user seat's training objective
+    #: negated (NaN when a simulator plays the user).
+    user_kl: np.ndarray
+
+
+def evaluate(policy: nn.Module | None, user: str | nn.Module | None, config: MarlConfig | None = None,
+             episodes: int = 300, seed: int = 10_000) -> Evaluation:
+    """Play ``episodes`` dialogues on seeds ``seed ..`` with frozen seats: the policy seat's acts sampled from
+    ``policy``'s logits (uniformly at random when None), the user seat played by ``user``: a simulator spec, a
+    trained user seat's logits network or None (uniformly random), the latter two within :class:`MarlView`'s realism
+    mask, as in training."""
     config = config or MarlConfig()
     view = MarlView(simpop.make(config.env_id, **config.env_kwargs), realism=config.realism,
                     floor=config.realism_floor)
     dialogue = view.dialogue
-    simulator = build_simulator(opponent, env=dialogue) if isinstance(opponent, str) else None
-    user_net = None if isinstance(opponent, str) else opponent
-    generator, total = torch.Generator().manual_seed(seed), 0.0
+    simulator = build_simulator(user, env=dialogue) if isinstance(user, str) else None
+    user_net = None if isinstance(user, str) else user
+    generator = torch.Generator().manual_seed(seed)
+    success, user_kl = np.zeros(episodes), np.full(episodes, np.nan)
 
-    def sample(net: nn.Module | None, observation: np.ndarray, mask: np.ndarray) -> int:
+    def distribution(net: nn.Module | None, observation: np.ndarray, mask: np.ndarray) -> torch.Tensor:
         with torch.no_grad():
             logits = (torch.zeros(len(mask)) if net is None else net(torch.as_tensor(observation))).clone()
         logits[~torch.as_tensor(mask, dtype=torch.bool)] = -torch.inf
-        return int(torch.multinomial(torch.softmax(logits, -1), 1, generator=generator))
+        return torch.softmax(logits, -1)
 
     for episode in range(episodes):
         observations, infos = view.reset(seed=seed + episode)
         if simulator is not None:
             simulator.reset(dialogue.scenario, dialogue.user_rng())
+        divergences = []
         while not dialogue.done:
             seat = dialogue.to_act
             assert seat is not None  # a live dialogue always has a seat to act
-            if seat == dialogue.policy_seat:
-                action = sample(policy, observations[seat], infos[seat]["action_mask"])
-            elif simulator is not None:
+            if seat == dialogue.user_seat and simulator is not None:
                 action = simulator.act(observations[seat])
             else:
-                action = sample(user_net, observations[seat], infos[seat]["action_mask"])
+                probs = distribution(policy if seat == dialogue.policy_seat else user_net, observations[seat],
+                                     infos[seat]["action_mask"])
+                if seat == dialogue.user_seat:
+                    support = probs > 0
+                    reference = torch.tensor([view.reference.get(a, 0.0) for a in range(len(probs))])
+                    divergences.append(float((probs[support] * (probs[support].log()
+                                                                - reference[support].log())).sum()))
+                action = int(torch.multinomial(probs, 1, generator=generator))
             observations, rewards, _, _, infos = view.step({seat: action})
-        total += rewards[dialogue.policy_seat]
-    return total / episodes
+        success[episode] = rewards[dialogue.policy_seat]
+        if divergences:
+            user_kl[episode] = np.mean(divergences)
+    return Evaluation(success, user_kl)
