@@ -85,7 +85,7 @@ def main(argv: list[str] | None = None) -> dict:
 
     from simpop.agents.base import SamplingParams
     from simpop.agents.transformers_backend import TransformersBackend
-    from simpop.integrations.openenv_server import UserSeatSource, make_server
+    from simpop.integrations.openenv_server import ServerLimits, UserSeatSource, make_server
     from simpop.integrations.openenv_trl import make_rollout_func, play_dialogues
     from simpop.train.trl_adapter import env_reward, scenario_dataset
 
@@ -103,7 +103,8 @@ def main(argv: list[str] | None = None) -> dict:
                                     system_prompt=SYSTEM_PROMPT)
         evaluate, held_out_before = None, []
         if args.eval_n > 0:
-            panel = make_server(UserSeatSource(ENV, panel=EVAL_PANEL, env_kwargs=env_kwargs), port=0).start()
+            panel = make_server(UserSeatSource(ENV, panel=EVAL_PANEL, env_kwargs=env_kwargs), port=0,
+                                limits=ServerLimits(max_sessions=args.eval_batch)).start()
             stack.callback(panel.close)
             resets = [{"seed": args.eval_seed + i, "member": m} for m in EVAL_MEMBERS for i in range(args.eval_n)]
             # The training sampling (TRL's default temperature 1.0), the same seeds before and after: paired.
