@@ -273,3 +273,26 @@ def test_cli_bad_input_is_one_line_and_exit_2(argv, message, capsys):
     assert main(["openenv", "serve", *argv, "--port", "0"]) == 2
     err = capsys.readouterr().err.strip()
     assert message in err and len(err.splitlines()) == 1
+
+
+def test_both_servers_declare_the_shared_http_flags_once():
+    """simpop serve and simpop openenv serve get --host ... --log-requests from one helper, with their own defaults."""
+    import argparse
+
+    from simpop.integrations import openenv_cli
+    from simpop.serve import server as serve_cli
+    from simpop.serve.requests import Limits
+
+    shared = ["--host", "0.0.0.0", "--port", "9", "--api-key", "k", "--max-body-bytes", "7", "--read-timeout", "3",
+              "--keep-alive-timeout", "2", "--log-requests"]
+    openenv_parser, serve_parser = argparse.ArgumentParser(), argparse.ArgumentParser()
+    openenv_cli.configure(openenv_parser)
+    serve_cli.configure(serve_parser)
+    for args in (openenv_parser.parse_args(["serve", "--env", ACT, "--simulator", "persuadee", *shared]),
+                 serve_parser.parse_args(shared)):
+        assert (args.host, args.port, args.api_key, args.max_body_bytes, args.read_timeout, args.keep_alive_timeout,
+                args.log_requests) == ("0.0.0.0", 9, "k", 7, 3.0, 2.0, True)
+    openenv_defaults = openenv_parser.parse_args(["serve", "--env", ACT, "--simulator", "persuadee"])
+    assert (openenv_defaults.max_body_bytes, openenv_defaults.keep_alive_timeout) == (ServerLimits().max_body_bytes,
+                                                                                     ServerLimits().keep_alive_s)
+    assert serve_parser.parse_args([]).max_body_bytes == Limits().max_body_bytes
