@@ -114,15 +114,32 @@ def test_panel_sessions_pick_members():
 
 # ------------------------------------------------------------------------------------------ bad input
 def test_unknown_session_and_reset_arguments_get_clear_errors(act_server):
+    from websockets.exceptions import InvalidStatus
+
     async def attach(session_id: str) -> dict:
         async with connect(act_server.url.replace("http", "ws") + f"/ws?session_id={session_id}") as ws:
+            await ws.send(json.dumps({"type": "state"}))
             return json.loads(await ws.recv())
 
-    reply = asyncio.run(attach("no-such-session"))
-    assert reply["type"] == "error" and "Unknown session_id: no-such-session" in reply["data"]["message"]
-    mcp = httpx.post(act_server.url + "/mcp", json={"jsonrpc": "2.0", "id": 1, "method": "tools/list",
-                                                   "params": {"session_id": "no-such-session"}}).json()
-    assert "Unknown session_id" in mcp["error"]["message"]
+    # A WebSocket naming an unknown session is refused at the handshake with HTTP 404, not accepted.
+    with pytest.raises(InvalidStatus) as refused:
+        asyncio.run(attach("no-such-session"))
+    assert refused.value.response.status_code == 404
+    assert "Unknown session_id: no-such-session" in json.loads(refused.value.response.body)["error"]["message"]
+    rejected = act_server.rejected
+    for method in ("tools/list", "openenv/session/close"):
+        mcp = httpx.post(act_server.url + "/mcp", json={"jsonrpc": "2.0", "id": 1, "method": method,
+                                                       "params": {"session_id": "no-such-session"}})
+        assert mcp.status_code == 404 and "Unknown session_id" in mcp.json()["error"]["message"]
+    assert act_server.rejected == rejected + 2
+    # A session that exists (created over HTTP MCP) still attaches, and MCP calls naming it pass through.
+    created = httpx.post(act_server.url + "/mcp", json={"jsonrpc": "2.0", "id": 2,
+                                                       "method": "openenv/session/create"}).json()
+    session_id = created["result"]["session_id"]
+    assert asyncio.run(attach(session_id))["type"] == "state"
+    closed = httpx.post(act_server.url + "/mcp", json={"jsonrpc": "2.0", "id": 3, "method": "openenv/session/close",
+                                                      "params": {"session_id": session_id}})
+    assert closed.status_code == 200 and closed.json()["result"]["closed"]
     assert httpx.post(act_server.url + "/reset", json={"seed": 1, "bogus": 2}).status_code == 400
     assert httpx.post(act_server.url + "/reset", json={"scenario_id": "nope"}).status_code == 400
     assert httpx.post(act_server.url + "/reset", json={"seed": -1}).status_code == 422
@@ -263,3 +280,26 @@ def test_the_documented_client_example_runs(act_server, capsys):
     exec(doc_example("SimpopEnvClient(base_url=").replace("http://127.0.0.1:8000", act_server.url), {})
     reward, simulator = capsys.readouterr().out.split()[:2]
     assert float(reward) in (0.0, 1.0) and simulator == "persuadee"
+
+
+def test_both_servers_declare_the_shared_http_flags_once():
+    """simpop serve and simpop openenv serve get --host ... --log-requests from one helper, with their own defaults."""
+    import argparse
+
+    from simpop.integrations import openenv_cli
+    from simpop.serve import server as serve_cli
+    from simpop.serve.requests import Limits
+
+    shared = ["--host", "0.0.0.0", "--port", "9", "--api-key", "k", "--max-body-bytes", "7", "--read-timeout", "3",
+              "--keep-alive-timeout", "2", "--log-requests"]
+    openenv_parser, serve_parser = argparse.ArgumentParser(), argparse.ArgumentParser()
+    openenv_cli.configure(openenv_parser)
+    serve_cli.configure(serve_parser)
+    for args in (openenv_parser.parse_args(["serve", "--env", ACT, "--simulator", "persuadee", *shared]),
+                 serve_parser.parse_args(shared)):
+        assert (args.host, args.port, args.api_key, args.max_body_bytes, args.read_timeout, args.keep_alive_timeout,
+                args.log_requests) == ("0.0.0.0", 9, "k", 7, 3.0, 2.0, True)
+    openenv_defaults = openenv_parser.parse_args(["serve", "--env", ACT, "--simulator", "persuadee"])
+    assert (openenv_defaults.max_body_bytes, openenv_defaults.keep_alive_timeout) == (ServerLimits().max_body_bytes,
+                                                                                     ServerLimits().keep_alive_s)
+    assert serve_parser.parse_args([]).max_body_bytes == Limits().max_body_bytes

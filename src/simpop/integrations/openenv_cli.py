@@ -18,6 +18,7 @@ def configure(parser: argparse.ArgumentParser) -> None:
                            description="Serve an env over OpenEnv's HTTP/WebSocket API; the user seat is filled "
                                        "by simulators (a population if several) or a held-out panel.")
     from simpop.integrations.openenv_server import ServerLimits
+    from simpop.serve.http import add_http_arguments
 
     defaults = ServerLimits()
     serve.add_argument("--env", required=True, help="a registered env id (simpop envs lists them)")
@@ -28,19 +29,13 @@ def configure(parser: argparse.ArgumentParser) -> None:
     serve.add_argument("--env-arg", action="append", default=[], metavar="KEY=VALUE", help="env constructor argument")
     serve.add_argument("--tokenizer", metavar="MODEL", help="the policy's model: its chat template turns observations "
                        "into token ids for clients that send theirs (text envs)")
-    serve.add_argument("--host", default="127.0.0.1")
-    serve.add_argument("--port", type=int, default=8000)
-    serve.add_argument("--api-key", help="require 'Authorization: Bearer KEY' on every request and WebSocket")
     serve.add_argument("--max-sessions", type=int, default=defaults.max_sessions, help="concurrent sessions")
     serve.add_argument("--max-pending", type=int, default=defaults.max_pending,
                        help="HTTP requests answered at once (429 beyond)")
-    serve.add_argument("--max-body-bytes", type=int, default=defaults.max_body_bytes,
-                       help="largest HTTP body or WebSocket message (413 beyond)")
-    serve.add_argument("--read-timeout", type=float, default=defaults.read_timeout_s,
-                       help="seconds a client has to send a request (408 after)")
     serve.add_argument("--session-idle-timeout", type=float, default=defaults.session_idle_s,
                        help="seconds an idle session is kept")
-    serve.add_argument("--log-requests", action="store_true", help="log every HTTP request")
+    add_http_arguments(serve, max_body_bytes=defaults.max_body_bytes, read_timeout_s=defaults.read_timeout_s,
+                       keep_alive_s=defaults.keep_alive_s)
     cotrain = serve.add_argument_group("co-training (--cotrain): the server trains its trainable simulators")
     cotrain.add_argument("--cotrain", action="store_true",
                          help="train the trainable --simulator(s) on the episodes served (CoTrainer's objectives)")
@@ -61,7 +56,7 @@ def run(args: argparse.Namespace) -> int:
     try:
         limits = ServerLimits(max_sessions=args.max_sessions, max_pending=args.max_pending,
                               max_body_bytes=args.max_body_bytes, read_timeout_s=args.read_timeout,
-                              session_idle_s=args.session_idle_timeout)
+                              keep_alive_s=args.keep_alive_timeout, session_idle_s=args.session_idle_timeout)
         tokenizer = None
         if args.tokenizer:
             from simpop.agents import load_backend

@@ -23,8 +23,9 @@ seat only and never sees the simulator's turns except as the user's replies.
 - **Limits** (:class:`ServerLimits`), with ``simpop serve``'s guards (:mod:`simpop.serve.http`):
   body size (HTTP 413, and WebSocket frames above it are refused by closing that connection), read deadline
   (408), an API key if set (401), HTTP requests being answered at once (429 beyond ``max_pending``), idle
-  sessions reaped after ``session_idle_s``. Bad requests get a 4xx (or OpenEnv's error frame on a
-  WebSocket) and the server keeps serving.
+  sessions reaped after ``session_idle_s``, a session id OpenEnv does not know (404,
+  :class:`UnknownSessionGate`). Bad requests get a 4xx (or OpenEnv's error frame on a WebSocket) and the
+  server keeps serving.
 
 - **Token ids**, for text envs on a server started with a tokenizer (``--tokenizer MODEL``, the policy's
   model): ``reset`` returns the policy's first prompt as ``token_ids`` (system prompt = the env's
@@ -54,7 +55,8 @@ from pydantic import Field, StrictInt, StrictStr, model_validator
 from pydantic_core import PydanticCustomError
 
 try:
-    from openenv.core.env_server import Action, ConcurrencyConfig, Environment, Observation, State, create_app
+    from openenv.core.env_server import (Action, ConcurrencyConfig, Environment, HTTPEnvServer, Observation, State,
+                                         create_app)
 except ImportError as error:  # pragma: no cover - exercised only without the extra
     raise ImportError("the OpenEnv server needs the openenv package: pip install simpop[openenv]") from error
 
@@ -392,6 +394,7 @@ def make_app(source: UserSeatSource, limits: ServerLimits | None = None, *, api_
     app = create_app(factory, SimpopAction, SimpopObservation, env_name=source.env_id, state_cls=SimpopState,
                      concurrency_config=ConcurrencyConfig(max_concurrent_envs=limits.max_sessions,
                                                           session_timeout=limits.session_idle_s))
+    sessions = _session_registry(app)
 
     async def bad_request(_: Request, exc: Exception) -> JSONResponse:
         status = 409 if isinstance(exc, NoEpisode) else 400
@@ -400,9 +403,90 @@ def make_app(source: UserSeatSource, limits: ServerLimits | None = None, *, api_
 
     app.add_exception_handler(BadRequest, bad_request)
     app.add_exception_handler(NoEpisode, bad_request)
-    gated = PendingGate(app, limits.max_pending, on_reject)
+    gated = PendingGate(UnknownSessionGate(app, sessions, on_reject), limits.max_pending, on_reject)
     return _WebSocketKey(RequestGate(gated, api_key, limits.max_body_bytes, limits.read_timeout_s,
                                      on_reject=on_reject), api_key)
+
+
+def _session_registry(app: Any) -> HTTPEnvServer:
+    """The ``HTTPEnvServer`` that ``create_app`` registered on ``app`` (it owns the session registry).
+
+    ``create_app`` returns only the app; its routes are closures over the server, which is found there."""
+    for route in app.routes:
+        if getattr(route, "path", None) == "/ws":
+            for cell in getattr(route.endpoint, "__closure__", None) or ():
+                if isinstance(cell.cell_contents, HTTPEnvServer):
+                    return cell.cell_contents
+    raise RuntimeError("OpenEnv's /ws route does not hold its HTTPEnvServer: unsupported openenv version")
+
+
+class UnknownSessionGate:
+    """ASGI middleware: a request naming a session OpenEnv does not know gets HTTP 404, before the app.
+
+    OpenEnv 0.10 names sessions in two places: ``/ws?session_id=...`` (attach a WebSocket to an HTTP MCP
+    session), which it would accept and then answer with an error frame, and the ``session_id`` param of a
+    JSON-RPC ``POST /mcp``, which it answers with HTTP 200 and a JSON-RPC error. Both get a 404 here: the
+    WebSocket handshake is denied with an HTTP 404 response (ASGI's ``websocket.http.response``; a server
+    without it closes the handshake, HTTP 403), and ``/mcp`` gets a 404 carrying the JSON-RPC error.
+    """
+
+    def __init__(self, app: Any, server: HTTPEnvServer, on_reject: Callable[[int], None]) -> None:
+        self.app, self.server, self.on_reject = app, server, on_reject
+
+    def _unknown(self, session_id: Any) -> bool:
+        return isinstance(session_id, str) and bool(session_id) and self.server.get_session_info(session_id) is None
+
+    async def __call__(self, scope: dict[str, Any], receive: Any, send: Any) -> None:
+        if scope["type"] == "websocket" and scope["path"] == "/ws":
+            from urllib.parse import parse_qs
+
+            session_id = parse_qs(scope.get("query_string", b"").decode("latin-1")).get("session_id", [""])[0]
+            if self._unknown(session_id):
+                self.on_reject(404)
+                message = f"Unknown session_id: {session_id} (no such OpenEnv session on this server)"
+                if "websocket.http.response" in scope.get("extensions", {}):
+                    body = json.dumps(error_body(404, message, param="session_id", code="unknown_session")).encode()
+                    await send({"type": "websocket.http.response.start", "status": 404,
+                                "headers": [(b"content-type", b"application/json"),
+                                            (b"content-length", str(len(body)).encode())]})
+                    await send({"type": "websocket.http.response.body", "body": body})
+                else:
+                    await send({"type": "websocket.close", "code": 1008, "reason": message[:120]})
+                return
+        elif scope["type"] == "http" and scope["path"] == "/mcp" and scope["method"] == "POST":
+            chunks, more = [], True
+            while more:
+                message = await receive()
+                chunks.append(message.get("body", b""))
+                more = message.get("more_body", False)
+            body = b"".join(chunks)
+            try:
+                request = json.loads(body)
+                params = request.get("params") if isinstance(request, dict) else None
+                session_id = params.get("session_id") if isinstance(params, dict) else None
+            except ValueError:
+                session_id = None
+            if self._unknown(session_id):
+                self.on_reject(404)
+                data = json.dumps({"jsonrpc": "2.0", "id": request.get("id"),
+                                   "error": {"code": -32602, "message": f"Unknown session_id: {session_id}"}}).encode()
+                await send({"type": "http.response.start", "status": 404,
+                            "headers": [(b"content-type", b"application/json"),
+                                        (b"content-length", str(len(data)).encode())]})
+                await send({"type": "http.response.body", "body": data})
+                return
+            replayed = False
+
+            async def replay() -> dict[str, Any]:
+                nonlocal replayed
+                if replayed:
+                    return await receive()
+                replayed = True
+                return {"type": "http.request", "body": body, "more_body": False}
+
+            await self.app(scope, replay, send)
+            return
+        await self.app(scope, receive, send)
 
 
 class _WebSocketKey:

@@ -17,7 +17,7 @@ from __future__ import annotations
 
 import dataclasses
 import json
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from typing import TYPE_CHECKING, Any
 
 import numpy as np
@@ -51,45 +51,74 @@ def make_rollout_func(base_url: str, backend: TransformersBackend, max_new_token
     """
     delta = ChatDelta(backend)
 
-    def policy_system_prompt(view: dict[str, Any]) -> str | None:
-        return system_prompt if system_prompt is not None else view.get("instructions")
-
     def rollout_func(prompts: list[Any], trainer: Any) -> dict[str, list]:
         backend.model = trainer.accelerator.unwrap_model(trainer.model)
         args, step = trainer.args, int(trainer.state.global_step)
         sampling = SamplingParams(max_new_tokens=max_new_tokens, temperature=args.temperature,
                                   top_p=args.top_p if args.top_p is not None else 1.0, logprobs=True)
-        rng = np.random.default_rng([seed, step])
-        sessions = [SimpopEnvClient(base_url=base_url, **(client_kwargs or {})).sync() for _ in prompts]
-        was_training = backend.model.training
-        backend.model.eval()
-        try:
-            results = [env.reset(seed=int(np.random.SeedSequence([seed, step, i]).generate_state(1)[0]),
-                               scenario_id=scenario_id_of(p)) for i, (env, p) in enumerate(zip(sessions, prompts))]
-            ledgers = [TokenLedger() for _ in prompts]
-            returns = [0.0] * len(prompts)
-            while live := [i for i, r in enumerate(results) if not r.done]:
-                batch = [ledgers[i].extend(delta, json.loads(results[i].observation.text), policy_system_prompt)
-                         for i in live]
-                params = dataclasses.replace(sampling, seed=int(rng.integers(2**31)))
-                for i, generation in zip(live, backend.generate_ids(batch, params)):
-                    ledgers[i].add_generation(generation)
-                    results[i] = sessions[i].step(generation.text)
-                    returns[i] += float(results[i].reward or 0.0)
-        finally:
-            backend.model.train(was_training)
-            for env in sessions:
-                env.close()
-        infos = [r.metadata.get("info", {}) for r in results]
+        resets = [{"seed": int(np.random.SeedSequence([seed, step, i]).generate_state(1)[0]),
+                   "scenario_id": scenario_id_of(p)} for i, p in enumerate(prompts)]
+        played = play_dialogues(base_url, backend, resets, sampling, [seed, step], system_prompt, client_kwargs, delta)
         return {
-            "prompt_ids": [lg.ids[:lg.prompt_length] for lg in ledgers],
-            "completion_ids": [lg.ids[lg.prompt_length:] for lg in ledgers],
-            "logprobs": [lg.logprobs[lg.prompt_length:] for lg in ledgers],
-            "env_mask": [lg.mask[lg.prompt_length:] for lg in ledgers],
-            "env_reward": returns,
-            "success": [float(info["success"]) if "success" in info else float(g > 0)
-                        for info, g in zip(infos, returns)],
-            "simulator": [str(r.metadata.get("simulator")) for r in results],
+            "prompt_ids": [lg.ids[:lg.prompt_length] for lg in played.ledgers],
+            "completion_ids": [lg.ids[lg.prompt_length:] for lg in played.ledgers],
+            "logprobs": [lg.logprobs[lg.prompt_length:] for lg in played.ledgers],
+            "env_mask": [lg.mask[lg.prompt_length:] for lg in played.ledgers],
+            "env_reward": played.returns,
+            "success": played.successes,
+            "simulator": played.simulators,
         }
 
     return rollout_func
+
+
+@dataclasses.dataclass
+class PlayedDialogues:
+    """What :func:`play_dialogues` played: per dialogue its tokens, return, success and user-seat member."""
+
+    ledgers: list[TokenLedger]
+    returns: list[float]
+    successes: list[float]
+    simulators: list[str]
+
+
+def play_dialogues(base_url: str, backend: TransformersBackend, resets: list[dict[str, Any]],
+                   sampling: SamplingParams, seed: int | Sequence[int] = 0, system_prompt: str | None = None,
+                   client_kwargs: dict[str, Any] | None = None, delta: ChatDelta | None = None) -> PlayedDialogues:
+    """Play one dialogue per ``resets`` entry, each in its own session of the OpenEnv server at ``base_url``.
+
+    The policy turns of all live dialogues are generated in one batch by ``backend`` (in eval mode) with
+    ``sampling``, each turn's sampling seed drawn from a generator seeded with ``seed``; ``resets`` are the sessions' reset arguments (``seed``,
+    ``scenario_id``, ``member`` on panel servers). Success is the env's ``info["success"]`` when it reports
+    one, else a positive return. Used by :func:`make_rollout_func` and for held-out evaluation.
+    """
+    delta = delta or ChatDelta(backend)
+    rng = np.random.default_rng(seed)
+    sessions = [SimpopEnvClient(base_url=base_url, **(client_kwargs or {})).sync() for _ in resets]
+    was_training = backend.model.training
+    backend.model.eval()
+    try:
+        results = [env.reset(**kwargs) for env, kwargs in zip(sessions, resets)]
+        ledgers = [TokenLedger() for _ in resets]
+        returns = [0.0] * len(resets)
+
+        def policy_system_prompt(view: dict[str, Any]) -> str | None:
+            return system_prompt if system_prompt is not None else view.get("instructions")
+
+        while live := [i for i, r in enumerate(results) if not r.done]:
+            batch = [ledgers[i].extend(delta, json.loads(results[i].observation.text), policy_system_prompt)
+                     for i in live]
+            params = dataclasses.replace(sampling, seed=int(rng.integers(2**31)))
+            for i, generation in zip(live, backend.generate_ids(batch, params)):
+                ledgers[i].add_generation(generation)
+                results[i] = sessions[i].step(generation.text)
+                returns[i] += float(results[i].reward or 0.0)
+    finally:
+        backend.model.train(was_training)
+        for env in sessions:
+            env.close()
+    infos = [r.metadata.get("info", {}) for r in results]
+    return PlayedDialogues(
+        ledgers=ledgers, returns=returns,
+        successes=[float(info["success"]) if "success" in info else float(g > 0) for info, g in zip(infos, returns)],
+        simulators=[str(r.metadata.get("simulator")) for r in results])

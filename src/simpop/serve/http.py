@@ -6,11 +6,12 @@ bodies) and a body that does not arrive within the read timeout. :class:`HeadTim
 h11 protocol) closes a connection whose request head does not arrive within that timeout: uvicorn's own
 ``timeout_keep_alive`` only covers idle time between requests, and any byte resets it. :class:`UvicornThread`
 runs a uvicorn server on a bound socket, on the calling thread or a daemon thread (``simpop serve`` and the
-OpenEnv server).
+OpenEnv server). :func:`add_http_arguments` declares both servers' shared flags (bind, API key, guards).
 """
 
 from __future__ import annotations
 
+import argparse
 import asyncio
 import hmac
 import json
@@ -24,6 +25,29 @@ import uvicorn
 from uvicorn.protocols.http.h11_impl import H11Protocol
 
 Scope = dict[str, Any]
+
+
+def add_http_arguments(parser: argparse.ArgumentParser, guards: Any = None, *, max_body_bytes: int,
+                       read_timeout_s: float, keep_alive_s: float) -> None:
+    """Add the flags every simpop HTTP server shares (``simpop serve``, ``simpop openenv serve``).
+
+    ``--host``, ``--port``, ``--api-key`` and ``--log-requests`` go on ``parser``; the request guards
+    ``--max-body-bytes``, ``--read-timeout`` and ``--keep-alive-timeout`` (defaults given by the server's
+    limits) on ``guards`` (an argument group; default ``parser``). Parsed as ``args.host``, ``args.port``,
+    ``args.api_key``, ``args.log_requests``, ``args.max_body_bytes``, ``args.read_timeout``,
+    ``args.keep_alive_timeout``.
+    """
+    guards = guards or parser
+    parser.add_argument("--host", default="127.0.0.1", help="interface to bind (0.0.0.0 exposes it to the network)")
+    parser.add_argument("--port", type=int, default=8000)
+    parser.add_argument("--api-key", help="require 'Authorization: Bearer KEY' on every request (and WebSocket)")
+    guards.add_argument("--max-body-bytes", type=int, default=max_body_bytes,
+                        help="largest request body (or WebSocket message); larger ones get HTTP 413 unread")
+    guards.add_argument("--read-timeout", type=float, default=read_timeout_s,
+                        help="seconds a client has to send its request head, and again its body (408 after)")
+    guards.add_argument("--keep-alive-timeout", type=float, default=keep_alive_s,
+                        help="seconds an idle keep-alive connection stays open")
+    parser.add_argument("--log-requests", action="store_true", help="log every HTTP request")
 
 
 def error_body(status: int, message: str, param: str | None = None, code: str | None = None) -> dict[str, Any]:

@@ -64,7 +64,7 @@ except ImportError as missing:
 
 from simpop.agents.base import Backend, Chat, Generation, SamplingParams, supports_json_schema
 from simpop.serve.batching import MicroBatcher
-from simpop.serve.http import HeadTimeoutProtocol, RequestGate, UvicornThread, error_body
+from simpop.serve.http import HeadTimeoutProtocol, RequestGate, UvicornThread, add_http_arguments, error_body
 from simpop.serve.requests import ChatCompletionRequest, CompletionRequest, LimitExceeded, Limits, describe
 
 log = logging.getLogger(__name__)
@@ -570,11 +570,6 @@ def configure(parser: argparse.ArgumentParser) -> None:
         "--model", default="smollm2", help="backend spec (see simpop.agents.load_backend); default smollm2"
     )
     parser.add_argument("--name", help="model id clients send (default: the backend's name)")
-    parser.add_argument(
-        "--host", default="127.0.0.1", help="interface to bind (0.0.0.0 exposes it to the network)"
-    )
-    parser.add_argument("--port", type=int, default=8000)
-    parser.add_argument("--api-key", help="require this bearer token from clients (on every route)")
     parser.add_argument("--lora", action="append", default=[], metavar="NAME=PATH",
                         help="(--engine vllm) serve a LoRA adapter under NAME; repeatable")
     parser.add_argument("--vllm-arg", action="append", default=[], metavar="ARG",
@@ -589,8 +584,6 @@ def configure(parser: argparse.ArgumentParser) -> None:
     simpop.add_argument(
         "--batch-window-ms", type=float, default=10.0, help="how long a request waits for batch mates"
     )
-    simpop.add_argument("--max-body-bytes", type=int, default=defaults.max_body_bytes,
-                        help="largest request body; larger ones get HTTP 413 without being read")
     simpop.add_argument("--max-n", type=int, default=defaults.max_n, help="most completions per request")
     simpop.add_argument("--max-stop", type=int, default=defaults.max_stop, help="most stop strings per request")
     simpop.add_argument("--max-request-compute", type=int, default=defaults.max_request_compute,
@@ -599,13 +592,10 @@ def configure(parser: argparse.ArgumentParser) -> None:
                         help="largest n × (prompt tokens + max_tokens) of one request (its KV cache)")
     simpop.add_argument("--default-max-tokens", type=int, default=defaults.default_max_tokens,
                         help="max_tokens of a chat request that sends none")
-    simpop.add_argument("--read-timeout", type=float, default=defaults.read_timeout_s,
-                        help="seconds a client has to send its request head, and again its body")
-    simpop.add_argument("--keep-alive-timeout", type=float, default=defaults.keep_alive_s,
-                        help="seconds an idle keep-alive connection stays open")
     simpop.add_argument("--shutdown-grace", type=float, default=defaults.shutdown_grace_s,
                         help="seconds a stopping server lets requests in flight finish before cancelling them")
-    parser.add_argument("--log-requests", action="store_true", help="log every HTTP request")
+    add_http_arguments(parser, simpop, max_body_bytes=defaults.max_body_bytes, read_timeout_s=defaults.read_timeout_s,
+                       keep_alive_s=defaults.keep_alive_s)
 
 
 def run(args: argparse.Namespace) -> int:
