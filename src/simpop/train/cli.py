@@ -32,6 +32,10 @@ or with ``--export-adapter`` the PEFT adapter folder plus a reference to its bas
 actor-critic) as ``policy.pt`` + its constructor arguments in ``simpop_export.json`` (not an HF model;
 :func:`simpop.agents.export.load_exported` reads it back). A resumed run that had nothing left to do
 exports only if ``final/`` is missing (e.g. the process was killed while exporting).
+
+A model server that fails mid-run (an OpenAI-compatible endpoint or vLLM, once the client's retries with back-off
+are spent) ends the run with one line naming the failure and the last checkpoint kept, and exit code 1; rerunning
+the same command with ``--resume`` once the server is back finishes the run as an uninterrupted one would.
 """
 
 from __future__ import annotations
@@ -184,6 +188,9 @@ def run(args: argparse.Namespace) -> int:
               f"its finished checkpoints are kept: fix that, then rerun the same command with --resume",
               file=sys.stderr)
         return 2
+    except backend_errors() as error:  # a model server died mid-run (after its retries): the checkpoints are kept
+        print(backend_failure(args, error), file=sys.stderr)
+        return 1
     if not history:
         print(f"{args.out}: already at update {trainer.update_count} of {args.updates}; nothing to do")
     else:
@@ -199,6 +206,28 @@ def run(args: argparse.Namespace) -> int:
                   f"with --resume to export again", file=sys.stderr)
             return 1
     return 0
+
+
+def backend_errors() -> tuple[type[BaseException], ...]:
+    """What a model server that fails mid-run raises once its retries are spent (an OpenAI-compatible endpoint,
+    vLLM, a launched vLLM server that exited); also when raised in a Ray worker (Ray's error subclasses them)."""
+    from simpop.agents.openai_backend import RemoteBackendError
+    from simpop.agents.vllm_server import VLLMServerError
+
+    return RemoteBackendError, VLLMServerError
+
+
+def backend_failure(args: argparse.Namespace, error: BaseException) -> str:
+    """The one line ``simpop train`` prints when a model server fails mid-run: what failed, the last checkpoint
+    kept, and how to finish the run."""
+    from simpop.checkpoint import by_step
+    from simpop.user_input import error_line
+
+    steps = by_step(args.out)
+    kept = (f"the checkpoints up to update {max(steps)} are kept in {args.out}" if steps
+            else f"no update had finished, so {args.out} holds no checkpoint")
+    return (f"simpop train {args.trainer}: error: a model server failed during the run ({error_line(error)}); "
+            f"{kept}: once the server is back, rerun the same command with --resume")
 
 
 def export_final(trainer: Any, args: argparse.Namespace) -> Path:
