@@ -167,3 +167,20 @@ def test_a_snapshot_leaving_the_pool_unloads_its_adapter(tiny_model, fake, tmp_p
     trainer._add_snapshot(0, 1, sims[0].state_dict())
     assert trainer.pool.members[0] is not old and f"{old.adapter}@v1" not in fake.adapters
     assert not (tmp_path / f"{old.adapter}@v1").exists()
+
+
+def test_a_resumed_policy_serves_its_weights_under_the_saved_version(tiny_model, fake, tmp_path):
+    trainer, policy, _ = _setup(tiny_model, fake.url, tmp_path / "a")
+    grpo = trainer.policy_trainer
+    fresh = grpo.state_dict()  # before any sync: the server's base model is the policy
+    metrics = grpo.update(grpo.collect())
+    assert metrics["generator_version"] == 1
+    state = grpo.state_dict()
+
+    resumed, again, _ = _setup(tiny_model, fake.url, tmp_path / "b")
+    resumed.policy_trainer.load_state_dict(fresh)
+    assert again.generator.version == 0 and again.generator.served == "smollm2"
+    resumed.policy_trainer.load_state_dict(state)
+    # Before, a resumed run restarted its versions at 1 (metrics and served names differed from an uninterrupted run).
+    assert again.generator.version == 1 and again.generator.served == "policy@v1"
+    assert resumed.policy_trainer.update(resumed.policy_trainer.collect())["generator_version"] == 2

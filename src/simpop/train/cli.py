@@ -143,7 +143,11 @@ def configure(parser: argparse.ArgumentParser) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
+    from simpop.agents.vllm_server import VLLMUnavailable
+
     entry = TRAINERS[args.trainer]
+    setup_errors: tuple[type[BaseException], ...] = (ValueError, KeyError, TypeError, OSError, VLLMUnavailable,
+                                                     *backend_errors())
     try:  # setup errors are the user's to fix: say what, without a traceback
         import simpop
         from simpop.envs.registration import parse_env_args
@@ -170,7 +174,7 @@ def run(args: argparse.Namespace) -> int:
                                                              **_model_dtype(trainer)})
         except OSError as error:
             raise ValueError(f"--out {args.out}: cannot write the run folder ({error})") from None
-    except (ValueError, KeyError, TypeError, OSError) as error:
+    except setup_errors as error:
         from simpop.user_input import error_line
 
         print(f"simpop train {args.trainer}: error: {error_line(error)}", file=sys.stderr)

@@ -1,5 +1,7 @@
-"""``simpop train`` when the model server its simulator talks to is killed mid-run: one line, exit 1, the
-checkpoints kept, and ``--resume`` (against a restarted server) finishes the run exactly as an uninterrupted one.
+"""``simpop train`` and ``simpop eval`` when the model server a simulator talks to is killed mid-run: one line,
+exit 1, the finished work kept (checkpoints, episodes), and ``--resume`` against a restarted server finishes the
+run exactly as an uninterrupted one (before, train ended in a traceback and eval recorded every remaining episode
+as a policy failure).
 
 The server is a real ``simpop serve`` process (a tiny random Llama with SmolLM2's tokenizer) on loopback; the
 client path is :class:`~simpop.agents.openai_backend.OpenAIBackend`'s, which vLLM generators share.
@@ -46,7 +48,8 @@ class Served:
             time.sleep(0.2)
 
     def kill(self) -> None:
-        self.process.send_signal(signal.SIGKILL)
+        if self.process.poll() is None:
+            self.process.send_signal(signal.SIGKILL)
         self.process.wait(timeout=30)
 
 
@@ -55,7 +58,7 @@ def train(model, url: str, out, *extra: str) -> int:
                  "--lora-r", "4", "--lora-alpha", "8", "--simulator", f"frozen:openai:{url}#tiny?max_new_tokens=4",
                  "--env-arg", "max_turns=2", "--max-new-tokens", "4", "--group-size", "2",
                  "--scenarios-per-update", "1", "--updates", str(UPDATES), "--out", str(out), "--no-progress",
-                 "--no-export", "--seed", "3", *extra])
+                 "--no-export", "--seed", "3", "--threads", "1", *extra])
 
 
 def train_records(out) -> list[dict]:
@@ -101,3 +104,48 @@ def test_a_killed_server_ends_the_run_in_one_line_and_resume_finishes_it_exactly
     resumed = train_records(tmp_path / "cut")
     assert [r["step"] for r in resumed] == list(range(1, UPDATES + 1))
     assert resumed == train_records(tmp_path / "whole")
+
+
+def evaluate(model, url: str, out, tmp_path, *extra: str) -> int:
+    panel = tmp_path / "panel.yaml"
+    panel.write_text(f"name: served\nmembers:\n  a: frozen:openai:{url}#tiny?max_new_tokens=4\n")
+    return main(["eval", "--env", "simpop/Persuasion-v0", "--env-arg", "max_turns=2", "--policy",
+                 f"transformers:{model}", "--max-new-tokens", "4", "--panel", str(panel), "--episodes", "4",
+                 "--concurrency", "2", "--seed", "3", "--out", str(out), "--no-progress", "--threads", "1", *extra])
+
+
+def episodes(out) -> list[dict]:
+    return [json.loads(line) for line in (out / "episodes.jsonl").read_text().splitlines()]
+
+
+def test_a_killed_server_stops_an_evaluation_and_resume_finishes_it_exactly(tiny_model, tmp_path, capsys,
+                                                                           monkeypatch):
+    from simpop.evaluation import eval_run
+
+    port = free_port()
+    server = Served(tiny_model, port)
+    try:
+        assert evaluate(tiny_model, server.url, tmp_path / "whole", tmp_path) == 0
+        append = eval_run.append_records
+
+        def append_then_kill(path, records):  # the server dies once the first chunk is on disk
+            append(path, records)
+            server.kill()
+
+        monkeypatch.setattr(eval_run, "append_records", append_then_kill)
+        capsys.readouterr()
+        assert evaluate(tiny_model, server.url, tmp_path / "cut", tmp_path) == 1
+    finally:
+        server.kill()
+    err = capsys.readouterr().err.strip().splitlines()[-1]
+    assert err.startswith("simpop eval: error: a model server failed during the run") and "--resume" in err, err
+    kept = episodes(tmp_path / "cut")
+    assert len(kept) == 2 and all(record["error"] is None for record in kept)  # no failure charged to the policy
+    monkeypatch.setattr(eval_run, "append_records", append)
+
+    server = Served(tiny_model, port)
+    try:
+        assert evaluate(tiny_model, server.url, tmp_path / "cut", tmp_path, "--resume") == 0
+    finally:
+        server.kill()
+    assert episodes(tmp_path / "cut") == episodes(tmp_path / "whole")
