@@ -264,7 +264,8 @@ def build_grpo(env_id: str, env: Any, spec: Any, configs: dict[str, Any], kwargs
 
     grpo = configs["grpo"]
     policy = build_policy(env, configs["model"], grpo.sampling(), grpo.seed)
-    trainer = GRPOTrainer(env_id, policy, build_simulator(spec, env), grpo, env_kwargs=kwargs)
+    simulator = build_simulator(spec, env)
+    trainer = GRPOTrainer(env_id, policy, simulator, grpo, env_kwargs=kwargs)
     if configs["rollout"].ray:  # the waves run in Ray workers that build their own envs and simulator from spec
         if isinstance(spec, dict) and spec.get("rule") == "rotate":
             raise ValueError("--ray builds a population in every worker, so a rotation's schedule would not be one; "
@@ -275,7 +276,7 @@ def build_grpo(env_id: str, env: Any, spec: Any, configs: dict[str, Any], kwargs
             import_ray()
         except ImportError as error:
             raise ValueError(f"--ray: {error}") from None
-        trainer.engine = RayRolloutEngine(env_id, policy, trainer.simulator, grpo.n_envs, kwargs,
+        trainer.engine = RayRolloutEngine(env_id, policy, simulator, grpo.n_envs, kwargs,
                                           config=configs["rollout"], simulator_spec=spec)
     return trainer
 
@@ -288,9 +289,9 @@ def build_cotrain(env_id: str, env: Any, spec: Any, configs: dict[str, Any], kwa
     if not isinstance(spec, str):
         raise ValueError("cotrain takes one --simulator spec (its population is population-size copies of it)")
     backends: dict[str, Any] = {}
-    simulators = [build_simulator(spec, env, backends, name=f"cotrain-{i}")
-                  for i in range(configs["cotrain"].population_size)]
-    if not all(isinstance(s, Trainable) for s in simulators):
+    built = [build_simulator(spec, env, backends, name=f"cotrain-{i}") for i in range(configs["cotrain"].population_size)]
+    simulators = [s for s in built if isinstance(s, Trainable)]
+    if len(simulators) < len(built):
         raise ValueError(f"--simulator {spec} is not trainable; co-training needs trainable:KIND (e.g. "
                          f"trainable:persuadee on simpop/PersuasionAct-v0) or trainable:MODEL?temperature=1.0 "
                          f"(a LoRA adapter per simulator) on text envs")
