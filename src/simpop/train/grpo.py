@@ -160,7 +160,7 @@ class GRPOConfig:
     def objective(self) -> objectives.Algorithm:
         """The algorithm's hooks with this config's overrides (clip range, aggregation) applied."""
         base = objectives.algorithm(self.algorithm)
-        overrides = {"eps_low": self.clip_eps, "eps_high": self.clip_eps_high, "aggregation": self.loss_aggregation}
+        overrides: dict[str, Any] = {"eps_low": self.clip_eps, "eps_high": self.clip_eps_high, "aggregation": self.loss_aggregation}
         return dataclasses.replace(base, **{k: v for k, v in overrides.items() if v is not None})
 
 
@@ -464,4 +464,5 @@ def _clip_grad(parameters: Iterator[nn.Parameter] | list[nn.Parameter], max_norm
         return 0.0
     if max_norm > 0:
         return float(torch.nn.utils.clip_grad_norm_(params, max_norm))
-    return float(torch.linalg.vector_norm(torch.stack([p.grad.detach().norm() for p in params])))
+    norms = [p.grad.detach().norm() for p in params if p.grad is not None]
+    return float(torch.linalg.vector_norm(torch.stack(norms)))
