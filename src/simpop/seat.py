@@ -351,7 +351,7 @@ def inner_kind(spec_kind: str, model: str) -> str | None:
     return head
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, init=False)
 class SimulatorSpec:
     """What a simulator is, in comparable form.
 
@@ -370,9 +370,11 @@ class SimulatorSpec:
     decoding: Items = ()
     extra: Items = ()
 
-    def __post_init__(self) -> None:
-        object.__setattr__(self, "decoding", _items(self.decoding))
-        object.__setattr__(self, "extra", _items(self.extra))
+    def __init__(self, kind: str, model: str = "", personas: str = SCENARIO_PERSONAS,
+                 decoding: Mapping[str, Any] | Items = (), extra: Mapping[str, Any] | Items = ()) -> None:
+        for name, value in (("kind", kind), ("model", model), ("personas", personas), ("decoding", _items(decoding)),
+                            ("extra", _items(extra))):
+            object.__setattr__(self, name, value)
 
     @property
     def params(self) -> dict[str, Any]:

@@ -366,7 +366,7 @@ def _rollout(check: str, env: Any, seed: int, steps: int) -> _Record:
         Records ``(kind, iteration, values)``, with values named by :data:`_RECORD_FIELDS`.
     """
     obs, infos = _reset(check, env, seed)
-    record = [("reset", -1, (obs, infos, getattr(env, "user_seed", None)))]
+    record: _Record = [("reset", -1, (obs, infos, getattr(env, "user_seed", None)))]
     for step in range(steps):
         if not env.agents:
             record.append(("transcript", step, (_transcript(env),)))

@@ -27,24 +27,6 @@ SIM_PARAMS = SamplingParams(max_new_tokens=3, temperature=1.0)
 SEED = 1  # each simulator drives 2 of the 4 dialogues
 
 
-@pytest.fixture(scope="module")
-def tiny_model(tmp_path_factory):
-    """A one-layer random Llama with SmolLM2's tokenizer and chat template (loads in well under a second)."""
-    from transformers import AutoTokenizer, LlamaConfig, LlamaForCausalLM
-
-    from simpop.agents.embedded import embedded_model_path
-
-    folder = tmp_path_factory.mktemp("tiny-llama")
-    tokenizer = AutoTokenizer.from_pretrained(str(embedded_model_path("smollm2")))
-    torch.manual_seed(0)
-    config = LlamaConfig(vocab_size=len(tokenizer), hidden_size=16, intermediate_size=32, num_hidden_layers=1,
-                         num_attention_heads=2, num_key_value_heads=2, max_position_embeddings=2048,
-                         bos_token_id=tokenizer.bos_token_id, eos_token_id=tokenizer.eos_token_id)
-    LlamaForCausalLM(config).save_pretrained(folder)
-    tokenizer.save_pretrained(folder)
-    return folder
-
-
 @pytest.fixture
 def fake():
     server = FakeVLLM()
@@ -185,3 +167,20 @@ def test_a_snapshot_leaving_the_pool_unloads_its_adapter(tiny_model, fake, tmp_p
     trainer._add_snapshot(0, 1, sims[0].state_dict())
     assert trainer.pool.members[0] is not old and f"{old.adapter}@v1" not in fake.adapters
     assert not (tmp_path / f"{old.adapter}@v1").exists()
+
+
+def test_a_resumed_policy_serves_its_weights_under_the_saved_version(tiny_model, fake, tmp_path):
+    trainer, policy, _ = _setup(tiny_model, fake.url, tmp_path / "a")
+    grpo = trainer.policy_trainer
+    fresh = grpo.state_dict()  # before any sync: the server's base model is the policy
+    metrics = grpo.update(grpo.collect())
+    assert metrics["generator_version"] == 1
+    state = grpo.state_dict()
+
+    resumed, again, _ = _setup(tiny_model, fake.url, tmp_path / "b")
+    resumed.policy_trainer.load_state_dict(fresh)
+    assert again.generator.version == 0 and again.generator.served == "smollm2"
+    resumed.policy_trainer.load_state_dict(state)
+    # Before, a resumed run restarted its versions at 1 (metrics and served names differed from an uninterrupted run).
+    assert again.generator.version == 1 and again.generator.served == "policy@v1"
+    assert resumed.policy_trainer.update(resumed.policy_trainer.collect())["generator_version"] == 2

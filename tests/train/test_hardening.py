@@ -52,3 +52,13 @@ def test_a_full_disk_during_training_is_a_one_line_error(tmp_path, capsys, monke
 def test_a_batch_too_large_to_hold_is_refused(tmp_path, capsys):
     assert train(tmp_path, "--scenarios-per-update", "200000") == 2
     assert "dialogues per update; at most 16384" in capsys.readouterr().err
+
+
+def test_an_unreachable_generator_server_is_a_one_line_error(tiny_model, tmp_path, capsys):
+    from simpop.agents.vllm_server import free_port
+
+    url = f"http://127.0.0.1:{free_port()}"  # nothing listens there
+    code = main(["train", "grpo", "--env", "simpop/Persuasion-v0", "--no-progress", "--model", str(tiny_model),
+                 "--lora", "--generator", f"vllm:{url}", "--updates", "1", "--out", str(tmp_path / "run")])
+    err = capsys.readouterr().err
+    assert code == 2 and f"{url}/v1/models failed: ConnectError" in err and err.count("\n") == 1

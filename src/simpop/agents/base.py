@@ -9,6 +9,7 @@ exactly as generated (no re-tokenisation of the history); everything else can us
 from __future__ import annotations
 
 import json
+from collections.abc import Sequence
 from contextlib import AbstractContextManager
 from dataclasses import dataclass, field
 from typing import Any, Protocol, runtime_checkable
@@ -143,8 +144,9 @@ class TrainableBackend(TokenBackend, Protocol):
         """The adapter generation and scoring use now."""
         ...
 
-    def add_adapter(self, name: str, r: int = 8, alpha: int = 16, **options: Any) -> None:
-        """Add a LoRA adapter and make it active."""
+    def add_adapter(self, name: str, r: int = 8, alpha: int = 16, target_modules: Sequence[str] = ...,
+                    dropout: float = 0.0) -> None:
+        """Add a LoRA adapter (on ``target_modules``, default the backend's) and make it active."""
         ...
 
     def set_adapter(self, name: str) -> None:

@@ -154,7 +154,7 @@ def load_exported(folder: str | Path, *, dtype: str | None = None, device: str |
 
     base = _base_to_load(manifest, folder)
     backend = TransformersBackend(base, dtype=dtype, device=device)
-    config = peft.LoraConfig.from_pretrained(folder)
+    config = peft.LoraConfig.from_pretrained(str(folder))
     name = manifest["adapter"]
     backend.add_adapter(name, config.r, config.lora_alpha, sorted(config.target_modules), config.lora_dropout)
     policy = LLMPolicy(backend, sampling, lora=True, lora_r=config.r, lora_alpha=config.lora_alpha, adapter=name,

@@ -30,8 +30,10 @@ class LoRAAdapter:
                  target_modules: Sequence[str] | None = None):
         self.backend, self.name = backend, name
         if name not in backend.adapter_names:
-            options = {} if target_modules is None else {"target_modules": list(target_modules)}
-            backend.add_adapter(name, r=r, alpha=alpha, **options)
+            if target_modules is None:
+                backend.add_adapter(name, r=r, alpha=alpha)
+            else:
+                backend.add_adapter(name, r=r, alpha=alpha, target_modules=list(target_modules))
 
     def activate(self) -> None:
         """Make this adapter the one generation and scoring use (and the only trainable one)."""

@@ -1,8 +1,8 @@
 """Any OpenAI-compatible chat-completions server as a backend (vLLM, llama.cpp, ``simpop serve``, APIs).
 
 A batch of chats becomes concurrent HTTP requests (at most ``max_concurrency`` in flight per call).
-Connection errors, timeouts, HTTP 429 and 5xx are retried with exponential back-off; 401/403 and other
-4xx fail at once with the server's message. Token ids and log-probabilities are filled when the server
+Connection errors, timeouts, HTTP 429 and 5xx are retried with exponential back-off (then
+:class:`BackendUnavailable`); 401/403 and other 4xx fail at once with the server's message. Token ids and log-probabilities are filled when the server
 returns them (``simpop serve`` always does; vLLM does with ``return_token_ids=True``).
 ``SamplingParams.json_schema`` is sent as an OpenAI structured-output ``response_format``.
 :meth:`OpenAIBackend.score_replies` scores fixed replies (a closing survey's options) from the server's
@@ -35,6 +35,12 @@ class RemoteBackendError(RuntimeError):
     def __init__(self, message: str, status: int | None = None) -> None:
         super().__init__(message)
         self.status = status
+
+
+class BackendUnavailable(RemoteBackendError):
+    """The server stayed unreachable or failing (connection errors, timeouts, HTTP 429 / 5xx) through every retry:
+    a failure of the infrastructure, not of the request, so callers stop (finished work kept) rather than record it
+    as the model's answer."""
 
 
 class OpenAIBackend:
@@ -187,7 +193,7 @@ class OpenAIBackend:
                     failure = f"HTTP {status}: {message}"
                     retry_after = _seconds(response.headers.get("retry-after"))
                 if attempt == self.max_retries:
-                    raise RemoteBackendError(
+                    raise BackendUnavailable(
                         f"{url} failed after {attempt + 1} attempts; last error: {failure}"
                     )
                 delay = min(self.max_backoff_s, self.backoff_s * 2**attempt) * random.uniform(0.5, 1.0)

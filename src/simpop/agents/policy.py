@@ -178,7 +178,9 @@ class ActPolicy(nn.Module):
                     bound = 1 / math.sqrt(layer.in_features)
                     layer.weight.uniform_(-bound, bound, generator=generator)
                     layer.bias.zero_()
-            self.net[-1].weight.mul_(0.01)  # start near uniform: the untrained policy explores
+            head = self.net[-1]
+            assert isinstance(head, nn.Linear)
+            head.weight.mul_(0.01)  # start near uniform: the untrained policy explores
 
     @classmethod
     def for_env(cls, env: Any, hidden_size: int = 64, seed: int = 0) -> ActPolicy:

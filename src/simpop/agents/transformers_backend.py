@@ -37,7 +37,7 @@ from collections import OrderedDict
 from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
 from pathlib import Path
-from typing import TYPE_CHECKING, Literal
+from typing import TYPE_CHECKING, Any, Literal
 
 from simpop.agents.base import Chat, Generation, SamplingParams
 from simpop.agents.chat import check_chat
@@ -372,7 +372,7 @@ class TransformersBackend:
             attention_mask[row, width - len(prompt) + reused :] = 1
         cache = batched_cache(self.model.config, cached, past, width + params.max_new_tokens)
         # top_k=0: plain temperature / nucleus sampling, not a top-k default from the model or transformers.
-        sampling = (
+        sampling: dict[str, Any] = (
             {"do_sample": False}
             if params.greedy
             else {"do_sample": True, "temperature": params.temperature, "top_p": params.top_p, "top_k": 0}
@@ -802,7 +802,7 @@ class TransformersBackend:
         if not self._is_peft():
             self.model.save_pretrained(path)
             self.tokenizer.save_pretrained(path)
-            manifest = {"kind": "full", "base": self.name}
+            manifest: dict[str, Any] = {"kind": "full", "base": self.name}
         else:
             for name in self.adapter_names:
                 folder = path / "adapters" / name

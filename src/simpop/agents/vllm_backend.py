@@ -33,7 +33,7 @@ from typing import Any
 
 from simpop.agents.base import Chat, Generation, SamplingParams
 from simpop.agents.chat import check_chat
-from simpop.agents.openai_backend import OpenAIBackend, RemoteBackendError
+from simpop.agents.openai_backend import BackendUnavailable, OpenAIBackend, RemoteBackendError
 
 #: Ranks ``--max-lora-rank`` accepts.
 LORA_RANKS = (8, 16, 32, 64, 128, 256, 320, 512)
@@ -125,12 +125,16 @@ class VLLMBackend:
     # ------------------------------------------------------------------ server administration
     def post(self, path: str, body: dict[str, Any] | None = None, timeout_s: float | None = None) -> Any:
         """POST ``body`` to ``{root}{path}``; the JSON answer (None if empty). Errors raise
-        :class:`~simpop.agents.openai_backend.RemoteBackendError` with the server's message."""
+        :class:`~simpop.agents.openai_backend.RemoteBackendError` with the server's message
+        (:class:`~simpop.agents.openai_backend.BackendUnavailable` when the server cannot be reached)."""
         import httpx
 
         headers = {"Authorization": f"Bearer {self.http.api_key}"} if self.http.api_key else {}
-        response = httpx.post(f"{self.root}{path}", json=body or {}, headers=headers,
-                              timeout=timeout_s or self.http.timeout_s)
+        try:
+            response = httpx.post(f"{self.root}{path}", json=body or {}, headers=headers,
+                                  timeout=timeout_s or self.http.timeout_s)
+        except httpx.TransportError as error:
+            raise BackendUnavailable(f"{self.root}{path} failed: {type(error).__name__} {error}".strip()) from None
         if response.status_code != 200:
             raise RemoteBackendError(f"{self.root}{path} failed (HTTP {response.status_code}): "
                                      f"{response.text[:500]}", response.status_code)
@@ -140,12 +144,15 @@ class VLLMBackend:
         """``GET`` a path of the server's root (e.g. ``/v1/models``) and return the decoded JSON.
 
         Raises:
-            RemoteBackendError: A status other than 200.
+            RemoteBackendError: A status other than 200 (BackendUnavailable: the server cannot be reached).
         """
         import httpx
 
         headers = {"Authorization": f"Bearer {self.http.api_key}"} if self.http.api_key else {}
-        response = httpx.get(f"{self.root}{path}", headers=headers, timeout=self.http.timeout_s)
+        try:
+            response = httpx.get(f"{self.root}{path}", headers=headers, timeout=self.http.timeout_s)
+        except httpx.TransportError as error:
+            raise BackendUnavailable(f"{self.root}{path} failed: {type(error).__name__} {error}".strip()) from None
         if response.status_code != 200:
             raise RemoteBackendError(f"{self.root}{path} failed (HTTP {response.status_code}): "
                                      f"{response.text[:500]}", response.status_code)

@@ -112,7 +112,7 @@ def _evaluate(args: argparse.Namespace) -> int:
     import yaml
 
     from simpop.agents.base import SamplingParams
-    from simpop.agents.openai_backend import RemoteBackendError
+    from simpop.agents.openai_backend import BackendUnavailable, RemoteBackendError
     from simpop.agents.vllm_server import VLLMServerError, VLLMUnavailable
 
     setup_errors = (ValueError, KeyError, TypeError, FileNotFoundError, ImportError, RemoteBackendError,
@@ -167,6 +167,11 @@ def _evaluate(args: argparse.Namespace) -> int:
         print(f"\nsimpop eval: interrupted; finished episodes are kept in {args.out}; rerun with --resume",
               file=sys.stderr)
         return 130
+    except BackendUnavailable as error:  # the model server died mid-run: not the policy's failure
+        print(f"simpop eval: error: a model server failed during the run ({_one_line(error)}); the finished episodes "
+              f"are kept in {args.out}: once the server is back, rerun the same command with --resume",
+              file=sys.stderr)
+        return 1
     report = (args.out / REPORT).read_text(encoding="utf-8")
     start = report.index("## Success")
     end = report.index("\n## ", start + 1)

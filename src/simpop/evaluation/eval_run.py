@@ -32,7 +32,9 @@ each worker sends back its envs' transcripts. τ² envs stay local (their result
 
 **Failures.** A policy or simulator that raises in a chunk does not end the evaluation: the chunk's
 episodes run again one at a time (each with its own seed), and an episode that still raises is recorded
-with ``error`` (success 0), counted and logged. ``KeyboardInterrupt`` stops the run; finished chunks stay.
+with ``error`` (success 0), counted and logged. A model server that stays unreachable through its retries
+(:class:`~simpop.agents.openai_backend.BackendUnavailable`) is not the policy's failure: it stops the run, like
+``KeyboardInterrupt``; finished chunks stay, and ``resume`` continues once the server is back.
 
 **The folder.** A run holds an exclusive lock on ``out`` (:func:`run_lock`, ``fcntl.flock``) and writes only an
 empty folder or one with an ``eval.json`` (an evaluation's): never another tool's files.
@@ -64,6 +66,7 @@ from typing import Any
 
 import numpy as np
 
+from simpop.agents.openai_backend import BackendUnavailable
 from simpop.evaluation.metrics import wilson_ci
 from simpop.evaluation.panel import EnvPool, EpisodeRecord, begin_wave, episode_record, json_safe, transcript_of
 from simpop.rollout import Job, RolloutEngine, Trajectory
@@ -319,6 +322,8 @@ def _run_chunks(engine: RolloutEngine, pool: EnvPool, policy: Any, member: str,
                        for t, view, e in zip(trajectories, engine.env_views, episodes, strict=True)]
             sizes = np.cumsum([0] + [len(chunk) for chunk, _ in chunks])
             return [records[a:b] for a, b in zip(sizes[:-1], sizes[1:])]
+        except BackendUnavailable:  # the server is gone: stop, finished chunks kept
+            raise
         except Exception as error:
             log.warning("member %s: %d chunks run side by side raised (%s: %s); running them one at a time",
                         member, len(chunks), type(error).__name__, _first_line(error))
@@ -334,6 +339,8 @@ def _run_chunk(engine: RolloutEngine, pool: EnvPool, policy: Any, member: str, c
         trajectories = engine.run([Job(e.scenario, e.index, e.seed) for e in chunk], np.random.default_rng(rng_seed))
         views = engine.env_views if isinstance(engine, RayRolloutEngine) else envs
         return [_record(t, views[i], policy, member, chunk[i]) for i, t in enumerate(trajectories)]
+    except BackendUnavailable:  # the server is gone: stop, finished chunks kept
+        raise
     except Exception as error:
         log.warning("member %s: a chunk of %d episode(s) raised (%s: %s); running them one at a time",
                     member, len(chunk), type(error).__name__, _first_line(error))
@@ -346,6 +353,8 @@ def _run_chunk(engine: RolloutEngine, pool: EnvPool, policy: Any, member: str, c
             (t,) = engine.run([Job(e.scenario, e.index, e.seed)], np.random.default_rng([*rng_seed, 1 + j]))
             records.append(_record(t, engine.env_views[0] if isinstance(engine, RayRolloutEngine) else env, policy,
                                    member, e))
+        except BackendUnavailable:  # the server is gone: stop, finished chunks kept
+            raise
         except Exception as error:
             message = f"{type(error).__name__}: {_first_line(error)}"
             log.warning("member %s, scenario %s, trial %d: episode failed: %s", member, e.scenario, e.trial, message)
@@ -383,6 +392,8 @@ def _run_panel_chunk(engine: RolloutEngine, wave: PanelWave, pool: EnvPool, poli
                                   np.random.default_rng(rng_seed))
         return [_record(t, envs[i], policy, names[i // len(chunk)], chunk[i % len(chunk)])
                 for i, t in enumerate(trajectories)]
+    except BackendUnavailable:  # the server is gone: stop, finished chunks kept
+        raise
     except Exception as error:
         log.warning("members %s: a chunk of %d episode(s) each raised in one wave (%s: %s); running each member's "
                     "share alone", ", ".join(names), len(chunk), type(error).__name__, _first_line(error))

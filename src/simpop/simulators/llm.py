@@ -179,10 +179,11 @@ class LLMSimulator(Simulator):
     def _with_persona(self, scenario: Any, rng: np.random.Generator) -> Any:
         if self.personas is None:
             return scenario
-        if not dataclasses.is_dataclass(scenario) or "persona" not in {f.name for f in dataclasses.fields(scenario)}:
-            raise TypeError(f"persona set {self.persona_set!r} needs scenarios that are dataclasses with a "
-                            f"'persona' field; got {type(scenario).__name__}")
-        return dataclasses.replace(scenario, persona=self.personas[int(rng.integers(len(self.personas)))])
+        if (dataclasses.is_dataclass(scenario) and not isinstance(scenario, type)
+                and "persona" in {f.name for f in dataclasses.fields(scenario)}):
+            return dataclasses.replace(scenario, persona=self.personas[int(rng.integers(len(self.personas)))])
+        raise TypeError(f"persona set {self.persona_set!r} needs scenarios that are dataclasses with a "
+                        f"'persona' field; got {type(scenario).__name__}")
 
     def scenario(self, slot: int) -> Any:
         """The scenario slot ``slot`` plays (with the persona this simulator chose)."""

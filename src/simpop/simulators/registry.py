@@ -119,7 +119,7 @@ def build_many(specs: Sequence[str] | Mapping[str, str], env: Any = None,
 def _population(spec: Sequence[Any] | Mapping[str, Any], context: Context, name: str | None) -> Simulator:
     from simpop.simulators.population import Population
 
-    options = dict(spec) if isinstance(spec, Mapping) else {"members": list(spec)}
+    options: dict[str, Any] = dict(spec) if isinstance(spec, Mapping) else {"members": list(spec)}
     unknown = sorted(set(options) - {"members", "weights", "rule", "rotate_every", "name"})
     if unknown:
         raise ValueError(f"unknown population field(s) {unknown}; valid: members, weights, rule, rotate_every, name")

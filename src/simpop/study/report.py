@@ -89,7 +89,7 @@ def _paired(records: Sequence[EpisodeRecord], a: str, b: str, seed: int) -> dict
         people = sorted({p for p, arm in cells if arm == a} & {p for p, arm in cells if arm == b})
         mean_a = [float(np.mean(cells[p, a])) for p in people]
         mean_b = [float(np.mean(cells[p, b])) for p in people]
-        diff, lo, hi = bootstrap_ci([np.subtract(mean_b, mean_a)], level=CI_LEVEL, resamples=RESAMPLES, seed=seed)
+        diff, lo, hi = bootstrap_ci([[b_ - a_ for a_, b_ in zip(mean_a, mean_b)]], level=CI_LEVEL, resamples=RESAMPLES, seed=seed)
         out[name] = {"participants": len(people), "a": _num(float(np.mean(mean_a))) if people else None,
                      "b": _num(float(np.mean(mean_b))) if people else None, "diff": _num(diff),
                      "ci_low": _num(lo), "ci_high": _num(hi)}

@@ -32,6 +32,10 @@ or with ``--export-adapter`` the PEFT adapter folder plus a reference to its bas
 actor-critic) as ``policy.pt`` + its constructor arguments in ``simpop_export.json`` (not an HF model;
 :func:`simpop.agents.export.load_exported` reads it back). A resumed run that had nothing left to do
 exports only if ``final/`` is missing (e.g. the process was killed while exporting).
+
+A model server that fails mid-run (an OpenAI-compatible endpoint or vLLM, once the client's retries with back-off
+are spent) ends the run with one line naming the failure and the last checkpoint kept, and exit code 1; rerunning
+the same command with ``--resume`` once the server is back finishes the run as an uninterrupted one would.
 """
 
 from __future__ import annotations
@@ -139,7 +143,11 @@ def configure(parser: argparse.ArgumentParser) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
+    from simpop.agents.vllm_server import VLLMUnavailable
+
     entry = TRAINERS[args.trainer]
+    setup_errors: tuple[type[BaseException], ...] = (ValueError, KeyError, TypeError, OSError, VLLMUnavailable,
+                                                     *backend_errors())
     try:  # setup errors are the user's to fix: say what, without a traceback
         import simpop
         from simpop.envs.registration import parse_env_args
@@ -166,7 +174,7 @@ def run(args: argparse.Namespace) -> int:
                                                              **_model_dtype(trainer)})
         except OSError as error:
             raise ValueError(f"--out {args.out}: cannot write the run folder ({error})") from None
-    except (ValueError, KeyError, TypeError, OSError) as error:
+    except setup_errors as error:
         from simpop.user_input import error_line
 
         print(f"simpop train {args.trainer}: error: {error_line(error)}", file=sys.stderr)
@@ -184,6 +192,9 @@ def run(args: argparse.Namespace) -> int:
               f"its finished checkpoints are kept: fix that, then rerun the same command with --resume",
               file=sys.stderr)
         return 2
+    except backend_errors() as error:  # a model server died mid-run (after its retries): the checkpoints are kept
+        print(backend_failure(args, error), file=sys.stderr)
+        return 1
     if not history:
         print(f"{args.out}: already at update {trainer.update_count} of {args.updates}; nothing to do")
     else:
@@ -199,6 +210,28 @@ def run(args: argparse.Namespace) -> int:
                   f"with --resume to export again", file=sys.stderr)
             return 1
     return 0
+
+
+def backend_errors() -> tuple[type[BaseException], ...]:
+    """What a model server that fails mid-run raises once its retries are spent (an OpenAI-compatible endpoint,
+    vLLM, a launched vLLM server that exited); also when raised in a Ray worker (Ray's error subclasses them)."""
+    from simpop.agents.openai_backend import RemoteBackendError
+    from simpop.agents.vllm_server import VLLMServerError
+
+    return RemoteBackendError, VLLMServerError
+
+
+def backend_failure(args: argparse.Namespace, error: BaseException) -> str:
+    """The one line ``simpop train`` prints when a model server fails mid-run: what failed, the last checkpoint
+    kept, and how to finish the run."""
+    from simpop.checkpoint import by_step
+    from simpop.user_input import error_line
+
+    steps = by_step(args.out)
+    kept = (f"the checkpoints up to update {max(steps)} are kept in {args.out}" if steps
+            else f"no update had finished, so {args.out} holds no checkpoint")
+    return (f"simpop train {args.trainer}: error: a model server failed during the run ({error_line(error)}); "
+            f"{kept}: once the server is back, rerun the same command with --resume")
 
 
 def export_final(trainer: Any, args: argparse.Namespace) -> Path:
@@ -231,7 +264,8 @@ def build_grpo(env_id: str, env: Any, spec: Any, configs: dict[str, Any], kwargs
 
     grpo = configs["grpo"]
     policy = build_policy(env, configs["model"], grpo.sampling(), grpo.seed)
-    trainer = GRPOTrainer(env_id, policy, build_simulator(spec, env), grpo, env_kwargs=kwargs)
+    simulator = build_simulator(spec, env)
+    trainer = GRPOTrainer(env_id, policy, simulator, grpo, env_kwargs=kwargs)
     if configs["rollout"].ray:  # the waves run in Ray workers that build their own envs and simulator from spec
         if isinstance(spec, dict) and spec.get("rule") == "rotate":
             raise ValueError("--ray builds a population in every worker, so a rotation's schedule would not be one; "
@@ -242,7 +276,7 @@ def build_grpo(env_id: str, env: Any, spec: Any, configs: dict[str, Any], kwargs
             import_ray()
         except ImportError as error:
             raise ValueError(f"--ray: {error}") from None
-        trainer.engine = RayRolloutEngine(env_id, policy, trainer.simulator, grpo.n_envs, kwargs,
+        trainer.engine = RayRolloutEngine(env_id, policy, simulator, grpo.n_envs, kwargs,
                                           config=configs["rollout"], simulator_spec=spec)
     return trainer
 
@@ -255,9 +289,9 @@ def build_cotrain(env_id: str, env: Any, spec: Any, configs: dict[str, Any], kwa
     if not isinstance(spec, str):
         raise ValueError("cotrain takes one --simulator spec (its population is population-size copies of it)")
     backends: dict[str, Any] = {}
-    simulators = [build_simulator(spec, env, backends, name=f"cotrain-{i}")
-                  for i in range(configs["cotrain"].population_size)]
-    if not all(isinstance(s, Trainable) for s in simulators):
+    built = [build_simulator(spec, env, backends, name=f"cotrain-{i}") for i in range(configs["cotrain"].population_size)]
+    simulators = [s for s in built if isinstance(s, Trainable)]
+    if len(simulators) < len(built):
         raise ValueError(f"--simulator {spec} is not trainable; co-training needs trainable:KIND (e.g. "
                          f"trainable:persuadee on simpop/PersuasionAct-v0) or trainable:MODEL?temperature=1.0 "
                          f"(a LoRA adapter per simulator) on text envs")

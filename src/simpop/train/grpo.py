@@ -160,7 +160,7 @@ class GRPOConfig:
     def objective(self) -> objectives.Algorithm:
         """The algorithm's hooks with this config's overrides (clip range, aggregation) applied."""
         base = objectives.algorithm(self.algorithm)
-        overrides = {"eps_low": self.clip_eps, "eps_high": self.clip_eps_high, "aggregation": self.loss_aggregation}
+        overrides: dict[str, Any] = {"eps_low": self.clip_eps, "eps_high": self.clip_eps_high, "aggregation": self.loss_aggregation}
         return dataclasses.replace(base, **{k: v for k, v in overrides.items() if v is not None})
 
 
@@ -415,6 +415,8 @@ class GRPOTrainer:
                  "config": dataclasses.asdict(self.config)}
         if isinstance(self.simulator, Population):
             state["population"] = self.simulator.pool_state()
+        if isinstance(self.policy, LLMPolicy) and self.policy.generator is not None:
+            state["generator_version"] = self.policy.generator.version
         return state
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
@@ -427,7 +429,14 @@ class GRPOTrainer:
         self.update_count = int(state["update_count"])
         if isinstance(self.simulator, Population) and "population" in state:
             self.simulator.load_pool_state(state["population"], _not_a_member)
-        if self.text:
+        if isinstance(self.policy, LLMPolicy) and self.policy.generator is not None and "generator_version" in state:
+            # The generator serves the loaded weights under the saved version (none synced yet: the base model
+            # still is the loaded weights), so a resumed run's versions follow an uninterrupted run's.
+            version = int(state["generator_version"])
+            if version > 0:
+                self.policy.generator.version = version - 1
+                self.policy.sync_generator()
+        elif self.text:
             self.policy.sync_generator()  # type: ignore[union-attr,operator]  # the generator serves the loaded weights
 
 
@@ -455,4 +464,5 @@ def _clip_grad(parameters: Iterator[nn.Parameter] | list[nn.Parameter], max_norm
         return 0.0
     if max_norm > 0:
         return float(torch.nn.utils.clip_grad_norm_(params, max_norm))
-    return float(torch.linalg.vector_norm(torch.stack([p.grad.detach().norm() for p in params])))
+    norms = [p.grad.detach().norm() for p in params if p.grad is not None]
+    return float(torch.linalg.vector_norm(torch.stack(norms)))

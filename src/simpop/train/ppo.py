@@ -108,7 +108,9 @@ class ActorCritic(nn.Module):
                 if isinstance(layer, nn.Linear):
                     nn.init.orthogonal_(layer.weight, math.sqrt(2))
                     nn.init.zeros_(layer.bias)
-            nn.init.orthogonal_(net[-1].weight, gain)  # small policy head: start near uniform
+            head = net[-1]
+            assert isinstance(head, nn.Linear)
+            nn.init.orthogonal_(head.weight, gain)  # small policy head: start near uniform
             return net
 
         self.pi = mlp(n_actions, 0.01)

@@ -460,6 +460,7 @@ class PersuasionActEnv(_PersuasionEnv):
 
     def _validate(self, seat: str, action: Any) -> str | None:
         space = self.action_space(seat)
+        assert isinstance(space, spaces.Discrete)  # built in _make_spaces
         if isinstance(action, (bool, np.bool_)):
             ok = False
         elif isinstance(action, (int, np.integer)):  # the common case, without gymnasium's general check
@@ -476,8 +477,8 @@ class PersuasionActEnv(_PersuasionEnv):
             self._last[seat] = int(action)
             return self.user_seat
         self._last[seat] = int(action) // N_AMOUNTS
-        act, amount = decode_persuadee_action(int(action))
-        if act in DONATING_ACTS or act in REFUSING_ACTS:
+        _, amount = decode_persuadee_action(int(action))
+        if amount is not None:  # a donating act or a refusal (0.0)
             self._decide(amount, DECIDED_IN_DIALOGUE)
         return self.policy_seat
 

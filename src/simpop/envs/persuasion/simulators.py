@@ -255,6 +255,7 @@ def model_params(model: str, personas: Sequence[Persona] | None, jitter: float =
         return _fitted(corpus, seed, int(index))
     base = PersuadeeParams()
     rng = np.random.default_rng([seed, int(index)])
+    changed: dict[str, Any]
     if prefix == "heldout":
         changed = {name: tuple(v * float(np.exp(rng.normal(0.0, jitter))) for v in getattr(base, name))
                    for name in ("act_effects", "modulation", "trait_weights")}

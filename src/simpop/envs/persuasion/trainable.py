@@ -386,7 +386,7 @@ class TrainableActPersuadee(ActPersuadee, Trainable):
         return Scores(logprob, kl.expand(len(episodes)))
 
     def _persona(self, scenario: Any, rng: np.random.Generator) -> Persona:
-        if not self.samples_personas:
+        if not self.samples_personas or self.persona_pool is None:
             return super()._persona(scenario, rng)
         probs = torch.softmax(self.persona_logits.detach(), dim=0).numpy()
         index = int(rng.choice(len(probs), p=probs))

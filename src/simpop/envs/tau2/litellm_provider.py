@@ -84,7 +84,8 @@ class SimpopLLM(CustomLLM):
         backend, defaults = _BACKENDS[name]
         tools = optional_params.get("tools") or None
         generation = backend.generate([to_chat(messages, tools)], _params(defaults, optional_params))[0]
-        content, tool_calls = generation.text, None
+        content: str | None = generation.text
+        tool_calls = None
         if tools:
             try:
                 parsed = parse_action(generation.text)

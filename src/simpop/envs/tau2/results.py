@@ -188,11 +188,12 @@ def _resolve_domain(domain: str | None, env_id: str | None) -> str:
         from_id = s.kwargs.get("domain")
         if not s.entry_point.startswith("simpop.envs.tau2") or from_id is None:
             raise ValueError(f"env id {env_id!r} is not a τ² env with a domain; τ² results need one")
-    if domain is None and from_id is None:
+    resolved = domain if domain is not None else from_id
+    if resolved is None:
         raise ValueError("write_tau2_results needs the τ² domain (domain=...) or a τ² env id (env_id=...)")
     if domain is not None and from_id is not None and domain != from_id:
         raise ValueError(f"domain {domain!r} disagrees with env id {env_id!r} (domain {from_id!r})")
-    return domain if domain is not None else from_id
+    return resolved
 
 
 def _field(record: Any, name: str, default: Any = None) -> Any:
