@@ -273,29 +273,14 @@ def child(case: str, args: argparse.Namespace) -> None:
     print("RESULT " + json.dumps({**result, "peak_mb": peak_mb()}), flush=True)
 
 
-def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--cases", nargs="+", default=list(CASES), choices=CASES)
-    parser.add_argument("--threads", type=int, default=2)
-    parser.add_argument("--trim", action="store_true", help="malloc_trim(0) after every step")
-    parser.add_argument("--rounds", type=int, default=ROUNDS, help="steps of each adapter in the simulator cases")
-    parser.add_argument("--token-budget", type=int, help="the backend's token budget (its activation "
-                                                         "checkpointing threshold); default: the backend's")
-    parser.add_argument("--parallel", action="store_true",
-                        help="run the cases' children side by side (peaks are per process; times share the CPU)")
-    parser.add_argument("--child", choices=CASES, help=argparse.SUPPRESS)
-    args = parser.parse_args()
-    global TOKEN_BUDGET
-    TOKEN_BUDGET = args.token_budget
-    if args.child:
-        child(args.child, args)
-        return
+def measure(args: argparse.Namespace, budget: int | None) -> dict[str, dict[str, float]]:
+    """Each case's result (a child process each) with the backend's ``token_budget`` set to ``budget``."""
     results: dict[str, dict[str, float]] = {}
 
     def launch(case: str) -> subprocess.Popen:
         command = [sys.executable, __file__, "--child", case, "--threads", str(args.threads), "--rounds",
                    str(args.rounds)] + (["--trim"] if args.trim else []) + (
-                   ["--token-budget", str(args.token_budget)] if args.token_budget else [])
+                   ["--token-budget", str(budget)] if budget else [])
         return subprocess.Popen(command, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
 
     if args.parallel:
@@ -303,6 +288,7 @@ def main() -> None:
         outputs = {case: process.communicate() for case, process in children.items()}
     else:
         outputs = {case: launch(case).communicate() for case in args.cases}
+    print(f"token budget {budget or 'default'} (load average {' '.join(f'{x:.2f}' for x in os.getloadavg())}):")
     for case, (stdout, stderr) in outputs.items():
         line = next((x for x in stdout.splitlines() if x.startswith("RESULT ")), None)
         if line is None:
@@ -312,17 +298,59 @@ def main() -> None:
         extra = {k: round(v, 1) for k, v in results[case].items() if k not in ("peak_mb", "step_s", "losses")}
         print(f"{case:10s} peak {results[case]['peak_mb']:7.0f} MB   step {results[case]['step_s']:7.2f} s   "
               f"{extra or ''}", flush=True)
+    return results
 
-    def ratio(a: str, b: str, key: str = "peak_mb") -> str:
-        return f"{results[a][key] / results[b][key]:.2f}x" if a in results and b in results else "n/a"
 
-    print(f"cotrain_offload / adapter peak: {ratio('cotrain_offload', 'adapter')} (target <= 1.3x; without the "
-          f"offload {ratio('cotrain', 'adapter')}); cotrain_offload / cotrain: {ratio('cotrain_offload', 'cotrain')}")
-    if "cotrain" in results and "cotrain_offload" in results:
-        pairs = list(zip(results["cotrain"]["losses"], results["cotrain_offload"]["losses"]))
-        print("co-training losses, kept vs offloaded optimiser state (sim0..sim3, policy, per round): "
-              + ", ".join(f"{a:.6f}/{b:.6f}" for a, b in pairs)
-              + f"; identical: {'yes' if all(a == b for a, b in pairs) else 'NO'}")
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--cases", nargs="+", default=list(CASES), choices=CASES)
+    parser.add_argument("--threads", type=int, default=2)
+    parser.add_argument("--trim", action="store_true", help="malloc_trim(0) after every step")
+    parser.add_argument("--rounds", type=int, default=ROUNDS, help="steps of each adapter in the simulator cases")
+    parser.add_argument("--token-budget", type=int, help="the backend's token budget (its activation "
+                                                         "checkpointing threshold); default: the backend's")
+    parser.add_argument("--budgets", type=int, nargs="+",
+                        help="measure the cases at each of these token budgets, side by side (losses compared)")
+    parser.add_argument("--parallel", action="store_true",
+                        help="run the cases' children side by side (peaks are per process; times share the CPU)")
+    parser.add_argument("--child", choices=CASES, help=argparse.SUPPRESS)
+    args = parser.parse_args()
+    global TOKEN_BUDGET
+    TOKEN_BUDGET = args.token_budget
+    if args.child:
+        child(args.child, args)
+        return
+    budgets = args.budgets or [args.token_budget]
+    tables = {budget: measure(args, budget) for budget in budgets}
+    results = tables[budgets[0]]
+
+    def ratio(a: str, b: str, key: str = "peak_mb", table: dict | None = None) -> str:
+        table = results if table is None else table
+        return f"{table[a][key] / table[b][key]:.2f}x" if a in table and b in table else "n/a"
+
+    for budget, table in tables.items():
+        print(f"token budget {budget or 'default'}: cotrain_offload / adapter peak: "
+              f"{ratio('cotrain_offload', 'adapter', table=table)} (target <= 1.3x; without the offload "
+              f"{ratio('cotrain', 'adapter', table=table)}); cotrain_offload / cotrain: "
+              f"{ratio('cotrain_offload', 'cotrain', table=table)}; step time cotrain_offload / cotrain: "
+              f"{ratio('cotrain_offload', 'cotrain', 'step_s', table)}")
+        if "cotrain" in table and "cotrain_offload" in table:
+            pairs = list(zip(table["cotrain"]["losses"], table["cotrain_offload"]["losses"]))
+            print("  co-training losses, kept vs offloaded optimiser state (sim0..sim3, policy, per round): "
+                  + ", ".join(f"{a:.6f}/{b:.6f}" for a, b in pairs)
+                  + f"; identical: {'yes' if all(a == b for a, b in pairs) else 'NO'}")
+    if len(tables) > 1:
+        first, *rest = budgets
+        for case in ("adapter", "cotrain", "cotrain_offload"):
+            for other in rest:
+                a, b = tables[first].get(case), tables[other].get(case)
+                if a and b:
+                    worst = max((abs(x - y) / max(abs(x), 1e-12) for x, y in zip(a["losses"], b["losses"])),
+                                default=0.0)
+                    print(f"{case}: budget {first} vs {other}: peak {a['peak_mb']:.0f} vs {b['peak_mb']:.0f} MB, "
+                          f"step {a['step_s']:.2f} vs {b['step_s']:.2f} s ({b['step_s'] / a['step_s']:.2f}x); losses "
+                          + ", ".join(f"{x:.6f}/{y:.6f}" for x, y in zip(a["losses"], b["losses"]))
+                          + f" (largest relative difference {worst:.1e})")
     print(f"cotrain / score peak:   {ratio('cotrain', 'score')}")
     print(f"adapter / score peak:   {ratio('adapter', 'score')}")
     if "tau2" in results:

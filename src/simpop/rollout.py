@@ -477,7 +477,7 @@ class RolloutEngine:
                 t0 = time.perf_counter()
                 observed = list(wave.observe(policy_rows, 0))
                 actions = (policy.act_batch(observed, policy_rows.tolist()) if isinstance(policy, Simulator)
-                           else policy.act_batch(observed, rng))
+                           else policy.act_batch(observed, rng))  # type: ignore[union-attr]  # act-level
                 self.stats.policy_s += time.perf_counter() - t0
                 self.stats.policy_calls += 1
                 policy_actions = _counted(actions, len(policy_rows), f"policy {type(policy).__name__}")
