@@ -14,6 +14,11 @@ in one run:
 - ``cotrain_offload``: the same with every optimiser's state on disk between its steps and the gradients freed
   after them (:class:`~simpop.train.offload.OffloadedOptimizer`, what ``CoTrainer`` does since issue 29); its
   losses must equal ``cotrain``'s, step for step (printed side by side);
+- ``policy``: the co-training policy's step alone (what sets ``cotrain``'s peak: its padded tokens against the
+  backend's ``token_budget``, the activation checkpointing threshold); with ``--budgets`` its loss and time at each;
+- ``offload``: the time of one Adam step on parameters shaped like the rank-16 SmolLM2 LoRA adapter (no model),
+  plain vs :class:`~simpop.train.offload.OffloadedOptimizer` (state written to and read from disk), ``OFFLOAD_REPS``
+  steps each, interleaved: the offload's cost per optimiser step (``plain_ms``, ``offload_ms``);
 - ``tau2``: one τ² text GRPO step (``collect`` + ``update``: 2 dialogues on the mock domain with the scripted
   user, LoRA policy); its peak is the update's (counted from the resident memory after the rollout), the
   rollout's is ``rollout_peak_mb``;
@@ -27,7 +32,9 @@ dialogues x 3 simulator turns, a 120-token first prompt growing by 64 tokens a t
 in ~20 minutes on 2 busy CPU cores.
 
 ``adapter`` takes ``ROUNDS`` steps of one simulator too. Targets (issues 19, 29): cotrain_offload <= 1.3x
-adapter; tau2 <= 2 GB; grpo_ours <= 0.9x grpo_trl. ``--trim`` calls
+adapter; tau2 <= 2 GB; grpo_ours <= 0.9x grpo_trl. ``--budgets 1024 512`` runs the cases at each token budget and
+prints their peaks, times and losses side by side (issue 29: at 512 the K=4 co-training peak meets the target,
+at 2.2x the policy step's time; the default stays 1024). ``--trim`` calls
 glibc's ``malloc_trim(0)`` after every step (returning freed heap pages to the system).
 
 Run ``PYTHONPATH=<tree>/src python benchmarks/memory.py`` to measure another checkout with the same script
@@ -45,8 +52,10 @@ import sys
 import time
 from pathlib import Path
 
-CASES = ("load", "score", "adapter", "cotrain", "cotrain_offload", "tau2", "grpo_ours", "grpo_trl")
+CASES = ("load", "score", "adapter", "cotrain", "cotrain_offload", "policy", "offload", "tau2", "grpo_ours",
+         "grpo_trl")
 ROUNDS = 2
+OFFLOAD_REPS = 5
 DIALOGUES, TURNS, FIRST_PROMPT, GROWTH, REPLY = 2, 3, 120, 64, 32
 LORA_R, LORA_ALPHA = 16, 32
 
@@ -140,7 +149,7 @@ def run_case(case: str, args: argparse.Namespace) -> dict[str, float]:
     from simpop.simulators.trainable import TrainableLLMSimulator
 
     after = trim if args.trim else (lambda: None)
-    if case in ("tau2", "grpo_ours", "grpo_trl"):
+    if case in ("tau2", "grpo_ours", "grpo_trl", "offload"):
         return globals()[f"case_{case}"](args, after)
     model = backend()
     work = episodes(model.vocab_size)
@@ -150,6 +159,16 @@ def run_case(case: str, args: argparse.Namespace) -> dict[str, float]:
         masks = [[0] * len(t.prompt_ids) + [1] * len(t.token_ids) for e in work for t in e.turns]
         with torch.no_grad():
             model.token_logprobs(sequences, masks)
+    elif case == "policy":
+        from simpop.agents.policy import LLMPolicy
+
+        policy = LLMPolicy(model, lora=True, lora_r=LORA_R, lora_alpha=LORA_ALPHA)
+        optimizer = torch.optim.Adam(policy.parameters(), lr=1e-4)
+        losses = []
+        for _ in range(args.rounds):
+            losses.append(policy_step(policy, work, optimizer))
+            after()
+        return {"step_s": time.perf_counter() - start, "losses": losses}
     elif case in ("adapter", "cotrain", "cotrain_offload"):
         wrap = lambda optimizer: optimizer  # noqa: E731
         if case == "cotrain_offload":
@@ -171,6 +190,35 @@ def run_case(case: str, args: argparse.Namespace) -> dict[str, float]:
                 after()
         return {"step_s": time.perf_counter() - start, "losses": losses}
     return {"step_s": time.perf_counter() - start}
+
+
+def case_offload(args: argparse.Namespace, after) -> dict[str, float]:
+    """Adam steps on LoRA-adapter-shaped parameters, plain vs offloaded (module docstring)."""
+    import torch
+
+    from simpop.train.offload import OffloadedOptimizer
+
+    torch.manual_seed(0)
+    # SmolLM2-135M: 30 layers, hidden 576, MLP 1536, 9 query / 3 key-value heads of 64; rank-16 LoRA on every projection.
+    shapes = [(576, 576), (192, 576), (192, 576), (576, 576), (1536, 576), (1536, 576), (576, 1536)]
+    def adapter() -> list[torch.nn.Parameter]:
+        return [torch.nn.Parameter(torch.randn(*shape) * 0.01) for _ in range(30) for o, i in shapes
+                for shape in ((LORA_R, i), (o, LORA_R))]
+    plain_params, offload_params = adapter(), adapter()
+    plain = torch.optim.Adam(plain_params, lr=1e-4)
+    offloaded = OffloadedOptimizer(torch.optim.Adam(offload_params, lr=1e-4))
+    times: dict[str, list[float]] = {"plain": [], "offload": []}
+    for _ in range(OFFLOAD_REPS + 1):  # the first (state creation) is not counted
+        for name, params, optimizer in (("plain", plain_params, plain), ("offload", offload_params, offloaded)):
+            for p in params:
+                p.grad = torch.randn_like(p)
+            start = time.perf_counter()
+            optimizer.step()
+            times[name].append(time.perf_counter() - start)
+            optimizer.zero_grad(set_to_none=True)
+    n = sum(p.numel() for p in plain_params)
+    return {"step_s": sum(times["offload"][1:]), "params_m": n / 1e6,
+            "plain_ms": 1e3 * min(times["plain"][1:]), "offload_ms": 1e3 * min(times["offload"][1:])}
 
 
 def case_tau2(args: argparse.Namespace, after) -> dict[str, float]:
@@ -273,6 +321,34 @@ def child(case: str, args: argparse.Namespace) -> None:
     print("RESULT " + json.dumps({**result, "peak_mb": peak_mb()}), flush=True)
 
 
+def measure(args: argparse.Namespace, budget: int | None) -> dict[str, dict[str, float]]:
+    """Each case's result (a child process each) with the backend's ``token_budget`` set to ``budget``."""
+    results: dict[str, dict[str, float]] = {}
+
+    def launch(case: str) -> subprocess.Popen:
+        command = [sys.executable, __file__, "--child", case, "--threads", str(args.threads), "--rounds",
+                   str(args.rounds)] + (["--trim"] if args.trim else []) + (
+                   ["--token-budget", str(budget)] if budget else [])
+        return subprocess.Popen(command, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+
+    if args.parallel:
+        children = {case: launch(case) for case in args.cases}
+        outputs = {case: process.communicate() for case, process in children.items()}
+    else:
+        outputs = {case: launch(case).communicate() for case in args.cases}
+    print(f"token budget {budget or 'default'} (load average {' '.join(f'{x:.2f}' for x in os.getloadavg())}):")
+    for case, (stdout, stderr) in outputs.items():
+        line = next((x for x in stdout.splitlines() if x.startswith("RESULT ")), None)
+        if line is None:
+            print(f"{case}: failed\n{stderr[-3000:]}", file=sys.stderr)
+            continue
+        results[case] = json.loads(line[len("RESULT "):])
+        extra = {k: round(v, 2) for k, v in results[case].items() if k not in ("peak_mb", "step_s", "losses")}
+        print(f"{case:10s} peak {results[case]['peak_mb']:7.0f} MB   step {results[case]['step_s']:7.2f} s   "
+              f"{extra or ''}", flush=True)
+    return results
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--cases", nargs="+", default=list(CASES), choices=CASES)
@@ -281,6 +357,8 @@ def main() -> None:
     parser.add_argument("--rounds", type=int, default=ROUNDS, help="steps of each adapter in the simulator cases")
     parser.add_argument("--token-budget", type=int, help="the backend's token budget (its activation "
                                                          "checkpointing threshold); default: the backend's")
+    parser.add_argument("--budgets", type=int, nargs="+",
+                        help="measure the cases at each of these token budgets, side by side (losses compared)")
     parser.add_argument("--parallel", action="store_true",
                         help="run the cases' children side by side (peaks are per process; times share the CPU)")
     parser.add_argument("--child", choices=CASES, help=argparse.SUPPRESS)
@@ -290,39 +368,37 @@ def main() -> None:
     if args.child:
         child(args.child, args)
         return
-    results: dict[str, dict[str, float]] = {}
+    budgets = args.budgets or [args.token_budget]
+    tables = {budget: measure(args, budget) for budget in budgets}
+    results = tables[budgets[0]]
 
-    def launch(case: str) -> subprocess.Popen:
-        command = [sys.executable, __file__, "--child", case, "--threads", str(args.threads), "--rounds",
-                   str(args.rounds)] + (["--trim"] if args.trim else []) + (
-                   ["--token-budget", str(args.token_budget)] if args.token_budget else [])
-        return subprocess.Popen(command, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    def ratio(a: str, b: str, key: str = "peak_mb", table: dict | None = None) -> str:
+        table = results if table is None else table
+        return f"{table[a][key] / table[b][key]:.2f}x" if a in table and b in table else "n/a"
 
-    if args.parallel:
-        children = {case: launch(case) for case in args.cases}
-        outputs = {case: process.communicate() for case, process in children.items()}
-    else:
-        outputs = {case: launch(case).communicate() for case in args.cases}
-    for case, (stdout, stderr) in outputs.items():
-        line = next((x for x in stdout.splitlines() if x.startswith("RESULT ")), None)
-        if line is None:
-            print(f"{case}: failed\n{stderr[-3000:]}", file=sys.stderr)
-            continue
-        results[case] = json.loads(line[len("RESULT "):])
-        extra = {k: round(v, 1) for k, v in results[case].items() if k not in ("peak_mb", "step_s", "losses")}
-        print(f"{case:10s} peak {results[case]['peak_mb']:7.0f} MB   step {results[case]['step_s']:7.2f} s   "
-              f"{extra or ''}", flush=True)
-
-    def ratio(a: str, b: str, key: str = "peak_mb") -> str:
-        return f"{results[a][key] / results[b][key]:.2f}x" if a in results and b in results else "n/a"
-
-    print(f"cotrain_offload / adapter peak: {ratio('cotrain_offload', 'adapter')} (target <= 1.3x; without the "
-          f"offload {ratio('cotrain', 'adapter')}); cotrain_offload / cotrain: {ratio('cotrain_offload', 'cotrain')}")
-    if "cotrain" in results and "cotrain_offload" in results:
-        pairs = list(zip(results["cotrain"]["losses"], results["cotrain_offload"]["losses"]))
-        print("co-training losses, kept vs offloaded optimiser state (sim0..sim3, policy, per round): "
-              + ", ".join(f"{a:.6f}/{b:.6f}" for a, b in pairs)
-              + f"; identical: {'yes' if all(a == b for a, b in pairs) else 'NO'}")
+    for budget, table in tables.items():
+        print(f"token budget {budget or 'default'}: cotrain_offload / adapter peak: "
+              f"{ratio('cotrain_offload', 'adapter', table=table)} (target <= 1.3x; without the offload "
+              f"{ratio('cotrain', 'adapter', table=table)}); cotrain_offload / cotrain: "
+              f"{ratio('cotrain_offload', 'cotrain', table=table)}; step time cotrain_offload / cotrain: "
+              f"{ratio('cotrain_offload', 'cotrain', 'step_s', table)}")
+        if "cotrain" in table and "cotrain_offload" in table:
+            pairs = list(zip(table["cotrain"]["losses"], table["cotrain_offload"]["losses"]))
+            print("  co-training losses, kept vs offloaded optimiser state (sim0..sim3, policy, per round): "
+                  + ", ".join(f"{a:.6f}/{b:.6f}" for a, b in pairs)
+                  + f"; identical: {'yes' if all(a == b for a, b in pairs) else 'NO'}")
+    if len(tables) > 1:
+        first, *rest = budgets
+        for case in ("adapter", "cotrain", "cotrain_offload", "policy"):
+            for other in rest:
+                a, b = tables[first].get(case), tables[other].get(case)
+                if a and b:
+                    worst = max((abs(x - y) / max(abs(x), 1e-12) for x, y in zip(a["losses"], b["losses"])),
+                                default=0.0)
+                    print(f"{case}: budget {first} vs {other}: peak {a['peak_mb']:.0f} vs {b['peak_mb']:.0f} MB, "
+                          f"step {a['step_s']:.2f} vs {b['step_s']:.2f} s ({b['step_s'] / a['step_s']:.2f}x); losses "
+                          + ", ".join(f"{x:.6f}/{y:.6f}" for x, y in zip(a["losses"], b["losses"]))
+                          + f" (largest relative difference {worst:.1e})")
     print(f"cotrain / score peak:   {ratio('cotrain', 'score')}")
     print(f"adapter / score peak:   {ratio('adapter', 'score')}")
     if "tau2" in results:

@@ -438,11 +438,10 @@ class RolloutEngine:
 
     def _vector_wave(self, envs: list[DialogueEnv]) -> VectorWave | None:
         """The env's array stepper for this wave, where it has one and nothing needs the envs live: an act-level
-        policy that does not read the envs mid-wave (no ``begin_wave``) and is not a seat simulator (it takes
-        slots and its own ``reset_batch``), no human rendering."""
+        policy (or a seat simulator) that does not read the envs mid-wave (no ``begin_wave``), no human
+        rendering."""
         make = getattr(envs[0], "vector_wave", None)
         if (make is None or self._delta is not None or hasattr(self.policy, "begin_wave")
-                or isinstance(self.policy, Simulator)
                 or any(env.render_mode is not None for env in envs)):
             return None
         return make(envs)
@@ -465,8 +464,10 @@ class RolloutEngine:
     def _step_vector_wave(self, wave: VectorWave, rng: np.random.Generator) -> None:
         """The ticks of :meth:`run_wave`, on the wave's arrays."""
         policy = self.policy
-        assert not isinstance(policy, Simulator)  # :meth:`_vector_wave` leaves seat simulators to the envs
-        self.simulator.reset_batch([env.scenario for env in wave.envs], wave.user_rngs())
+        scenarios = [env.scenario for env in wave.envs]
+        self.simulator.reset_batch(scenarios, wave.user_rngs())
+        if isinstance(policy, Simulator):  # a seat simulator: slots, one generator each (as in :meth:`run_wave`)
+            policy.reset_batch(scenarios, rng.spawn(len(scenarios)))
         while True:
             policy_rows, user_rows = wave.pending(0), wave.pending(1)
             if not len(policy_rows) and not len(user_rows):
@@ -474,7 +475,9 @@ class RolloutEngine:
             ended = []
             if len(policy_rows):
                 t0 = time.perf_counter()
-                actions = policy.act_batch(list(wave.observe(policy_rows, 0)), rng)  # type: ignore[union-attr]
+                observed = list(wave.observe(policy_rows, 0))
+                actions = (policy.act_batch(observed, policy_rows.tolist()) if isinstance(policy, Simulator)
+                           else policy.act_batch(observed, rng))  # type: ignore[union-attr]  # act-level
                 self.stats.policy_s += time.perf_counter() - t0
                 self.stats.policy_calls += 1
                 policy_actions = _counted(actions, len(policy_rows), f"policy {type(policy).__name__}")

@@ -125,3 +125,28 @@ def test_eval_with_llm_members_on_a_vllm_server(vllm_server, tmp_path) -> None:
     # The members' backend was the server's.
     served = ServedModels(vllm_server.base_url)
     assert isinstance(served["smollm2"], VLLMBackend)
+
+
+def test_eval_runs_one_wave_by_default_where_the_records_are_the_same(tmp_path) -> None:
+    """``one_wave=None``: one wave for a policy that draws nothing from its generator (``rng_free``), member by
+    member for one that samples (one wave would change its draws); the gold τ² agent and greedy text policies
+    draw nothing."""
+    from simpop.agents.base import SamplingParams
+    from simpop.evaluation.eval_run import EPISODES, draws_nothing, evaluate_panel
+    from simpop.evaluation.policies import GoldTau2Agent, TextPolicy
+    from simpop.simulators.population import Panel
+
+    class Free(Greedy):
+        rng_free = True
+
+    def order(policy, out):
+        evaluate_panel(ENV, policy, Panel(members()), episodes=4, seed=3, out=out, concurrency=2,
+                       env_kwargs={"max_turns": 4})
+        return [json.loads(line)["member"] for line in (out / EPISODES).read_text().splitlines()]
+
+    names = [name for name, _ in Panel(members())]
+    assert order(Greedy(), tmp_path / "sampling") == [m for m in names for _ in range(4)]  # member by member
+    assert order(Free(), tmp_path / "free") == [m for _ in range(2) for m in names for _ in range(2)]  # chunk by chunk
+    assert draws_nothing(GoldTau2Agent()) and not draws_nothing(Greedy())
+    assert draws_nothing(TextPolicy(None, SamplingParams(temperature=0.0)))
+    assert not draws_nothing(TextPolicy(None, SamplingParams(temperature=1.0)))

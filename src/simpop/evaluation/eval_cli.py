@@ -74,6 +74,11 @@ def configure(parser: argparse.ArgumentParser) -> None:
                              "make vllm-env on a CPU) or a running one (vllm:http://HOST:PORT); all members run "
                              "in one wave, their calls of a tick sent together (default: in process, member by "
                              "member)")
+    parser.add_argument("--waves", choices=("auto", "panel", "member"), default="auto",
+                        help="panel: every member's dialogues of a chunk in one wave (one batched call per seat per "
+                             "tick); member: member by member; auto (default): panel where that gives the member-"
+                             "by-member records (a policy that draws nothing from its generator: tau2's gold "
+                             "agent, greedy text policies) or with --sim-generator, else member")
 
 
 def run(args: argparse.Namespace) -> int:
@@ -86,6 +91,13 @@ def run(args: argparse.Namespace) -> int:
     except _InputError as error:
         print(f"simpop eval: error: {error}", file=sys.stderr)
         return 2
+
+
+def _one_wave(args: argparse.Namespace) -> bool | None:
+    """``evaluate_panel``'s ``one_wave`` for ``--waves`` (auto: decided by the policy, or yes with --sim-generator)."""
+    if args.waves != "auto":
+        return args.waves == "panel"
+    return True if args.sim_generator else None
 
 
 class _InputError(Exception):
@@ -157,7 +169,7 @@ def _evaluate(args: argparse.Namespace) -> int:
         summary = evaluate_panel(args.env, policy, panel, episodes=args.episodes, num_trials=args.num_trials,
                                  seed=args.seed, out=args.out, resume=args.resume, concurrency=args.concurrency,
                                  env_kwargs=kwargs, progress=not args.no_progress, policy_spec=args.policy,
-                                 ray=ray, one_wave=bool(args.sim_generator))
+                                 ray=ray, one_wave=_one_wave(args))
     except ValueError as error:  # settings: an --out holding another evaluation, a resume that does not match
         raise _InputError(_one_line(error)) from None
     except OSError as error:  # a full disk, a folder removed under the run: finished chunks are kept

@@ -11,13 +11,15 @@ generator is seeded from ``(seed, chunk)``, so a chunk gives the same dialogues 
 chunk finishes its records are appended to ``episodes.jsonl`` in one write (flushed and fsynced): a kill
 loses at most the chunk in flight.
 
-**Members in one wave** (``one_wave``, what ``simpop eval --sim-generator`` does): chunk ``c`` of every member
-runs as one wave instead (``concurrency`` x members dialogues side by side,
+**Members in one wave** (``one_wave``; by default for a policy that draws nothing from its generator,
+:func:`draws_nothing`, and with ``simpop eval --sim-generator``): chunk ``c`` of every member runs as one wave instead (``concurrency`` x members dialogues side by side,
 :class:`~simpop.simulators.panel_wave.PanelWave`): one batched policy call per tick for all members, and the
 members' simulator calls of a tick sent side by side from threads, so members generating on one vLLM server are
 one batch there. Each member starts its dialogues as it would alone, so a policy that draws nothing from its
-generator (τ²'s gold agent, greedy text policies) gives the same records; a policy that samples draws for every
-member's dialogues of a tick from the chunk's one generator, so members no longer share its draws.
+generator (τ²'s gold agent, greedy text policies) gives the same records (up to a model engine's numerics: a
+greedy model may break a near-tie differently in a larger batch); a policy that samples draws for every member's
+dialogues of a tick from the chunk's one generator, so members no longer share its draws: such a policy runs
+member by member unless ``one_wave=True`` (``simpop eval --waves panel``).
 
 **Resume.** ``resume=True`` reads ``episodes.jsonl`` (a torn last line is dropped and the file rewritten
 without it), checks that the run's settings (``eval.json``) match, and skips every finished
@@ -167,7 +169,7 @@ def evaluate_panel(env_id: str, policy: Any, panel: Panel, *, episodes: int | No
                    num_trials: int | None = None, seed: int = 0, out: str | Path, resume: bool = False,
                    concurrency: int = 8, env_kwargs: Mapping[str, Any] | None = None, progress: bool = False,
                    policy_spec: str | None = None, ray: RayConfig | None = None,
-                   one_wave: bool = False) -> dict[str, Any]:
+                   one_wave: bool | None = None) -> dict[str, Any]:
     """Evaluate ``policy`` on every member of ``panel`` and write the outputs to ``out`` (module docstring).
 
     Args:
@@ -184,7 +186,8 @@ def evaluate_panel(env_id: str, policy: Any, panel: Panel, *, episodes: int | No
         progress: Show a progress bar.
         policy_spec: How the policy was named (recorded and compared on resume).
         ray: Run the chunks in Ray rollout workers when ``ray.ray`` (same records as locally).
-        one_wave: Run every member's share of a chunk in one wave (module docstring; not with ``ray``).
+        one_wave: Run every member's share of a chunk in one wave (module docstring; not with ``ray``); None:
+            when the policy :func:`draws_nothing` and ``ray`` is off.
 
     Returns:
         The summary (as written to ``summary.json``).
@@ -200,6 +203,8 @@ def evaluate_panel(env_id: str, policy: Any, panel: Panel, *, episodes: int | No
     kwargs = dict(env_kwargs or {})
     pool = EnvPool(lambda: make(env_id, **kwargs))
     plan = plan_episodes(pool.take(1)[0].scenario_ids(), episodes=episodes, num_trials=num_trials, seed=seed)
+    if one_wave is None:
+        one_wave = draws_nothing(policy) and not (ray is not None and ray.ray)
     if one_wave and ray is not None and ray.ray:
         raise ValueError("members run in one wave locally; drop --ray (or --sim-generator)")
     if ray is not None and ray.ray and is_tau2(pool.take(1)[0]):
@@ -253,6 +258,12 @@ def evaluate_panel(env_id: str, policy: Any, panel: Panel, *, episodes: int | No
                     errors)
     log.info("ran %d episode(s) in %.1f s", total - finished, time.perf_counter() - started)
     return write_outputs(out, settings=settings, plan=plan)
+
+
+def draws_nothing(policy: Any) -> bool:
+    """Whether ``policy``'s actions never depend on the generator the rollout engine hands it (its ``rng_free``
+    attribute, False if it has none): then all members in one wave give the member-by-member records."""
+    return bool(getattr(policy, "rng_free", False))
 
 
 def member_spec(simulator: Any) -> str:
@@ -369,7 +380,8 @@ def _run_panel(pool: EnvPool, policy: Any, panel: Panel, plan: list[PlannedEpiso
                done: set[tuple[str, str, int]]) -> Iterable[list[EpisodeRecord]]:
     """The new records of each chunk, every member's share of the chunk run in one wave (module docstring)."""
     names = [name for name, _ in panel]
-    wave = PanelWave([simulator for _, simulator in panel], concurrent=True)
+    simulators = [simulator for _, simulator in panel]
+    wave = PanelWave(simulators, concurrent=all(_served(s) for s in simulators))
     engine = RolloutEngine(pool.factory(), policy, wave)
     for c in range(0, len(plan), concurrency):
         chunk, rng_seed = plan[c:c + concurrency], [seed, 3, c // concurrency]
@@ -378,6 +390,18 @@ def _run_panel(pool: EnvPool, policy: Any, panel: Panel, plan: list[PlannedEpiso
             records = _run_panel_chunk(engine, wave, pool, policy, [names[m] for m in members], members, chunk,
                                        rng_seed)
             yield [r for r in records if r.key not in done]
+
+
+def _served(simulator: Any) -> bool:
+    """Whether every model behind ``simulator`` (its ``backend``, its members' in a population) is served over HTTP,
+    so that its calls may overlap another member's (an in-process model is not thread-safe)."""
+    from simpop.agents.openai_backend import OpenAIBackend
+    from simpop.agents.vllm_backend import VLLMBackend
+
+    backend = getattr(simulator, "backend", None)
+    if backend is not None and not isinstance(backend, (OpenAIBackend, VLLMBackend)):
+        return False
+    return all(_served(m) for m in getattr(simulator, "members", None) or () if m is not simulator)
 
 
 def _run_panel_chunk(engine: RolloutEngine, wave: PanelWave, pool: EnvPool, policy: Any, names: list[str],

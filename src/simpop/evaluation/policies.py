@@ -173,6 +173,11 @@ class TextPolicy:
         self.stats: dict[str, int] = {"backend_calls": 0}
         self._envs: list[Any] | None = None
 
+    @property
+    def rng_free(self) -> bool:
+        """Greedy decoding: the replies do not depend on the seed drawn from the rollout generator."""
+        return self.sampling.temperature == 0
+
     def begin_wave(self, envs: list[Any]) -> None:
         """The envs of the next wave (used where the env has its own text format)."""
         self._envs = list(envs)
@@ -319,6 +324,7 @@ class GoldTau2Agent(DialoguePolicy):
     actions, then what τ² checks was communicated)."""
 
     name = "tau2-gold"
+    rng_free = True  # the gold actions: nothing drawn
 
     def start(self, envs: list[Any], rng: np.random.Generator) -> None:
         from simpop.envs.tau2.simulators import GoldAgent

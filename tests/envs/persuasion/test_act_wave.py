@@ -13,6 +13,7 @@ from simpop.envs.persuasion.act_wave import ActWave
 from simpop.envs.registration import make
 from simpop.experiments.collapse import CollapseConfig, build_panel, build_trainer
 from simpop.rollout import Job, RolloutEngine
+from simpop.seat import Simulator
 
 ENV = "simpop/PersuasionAct-v0"
 
@@ -191,3 +192,36 @@ def test_a_wave_that_raises_leaves_the_envs_as_stepping_would(monkeypatch: pytes
             states.append(transcripts(engine, len(jobs)))
     assert states[0] == states[1]
     assert any(t[0] for t in states[1]) and any(t[5] for t in states[1])  # partial transcripts, live dialogues
+
+
+class SeatSampler(Simulator):
+    """A seat simulator in the policy seat: each slot samples with its own generator, reading its observation."""
+
+    name = "seat-sampler"
+
+    def reset_batch(self, scenarios, rngs):
+        self.rngs = list(rngs)
+
+    def act_batch(self, observations, slots):
+        return [int((self.rngs[s].integers(14) + int(np.asarray(o).sum() * 7)) % 14)
+                for o, s in zip(observations, slots)]
+
+
+
+def test_a_seat_simulator_in_the_policy_seat_plays_the_wave(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Self-play's seat simulators (slots and generators of their own) play the array wave as they play the envs."""
+    from simpop.envs.persuasion.simulators import ActPersuadee
+
+    jobs = [Job(sid, g, 40 + g) for g, sid in enumerate(make(ENV).scenario_ids()[:6])]
+
+    def run(vector: bool):
+        with monkeypatch.context() as m:
+            if not vector:
+                per_env(m)
+            engine = RolloutEngine(ENV, SeatSampler(), ActPersuadee(temperature=1.0))
+            assert (engine._vector_wave(engine.env_pool(len(jobs))) is not None) is vector
+            return engine.run(jobs, np.random.default_rng(9)), transcripts(engine, len(jobs))
+
+    (wave, envs_wave), (stepped, envs_stepped) = run(True), run(False)
+    assert_same(wave, stepped)
+    assert envs_wave == envs_stepped

@@ -174,23 +174,27 @@ class ActWave:
         n = int(self.steps[row])
         seats = self.seat_log[row, :n].tolist()
         codes = self.code_log[row, :n].tolist()
-        actions: dict[str, list[Any]] = {s: [] for s in self.seats}
-        for step, (seat, code) in enumerate(zip(seats, codes)):
-            actions[self.seats[seat]].append(self.raw.get((row, step), code))  # rejected ones are all in raw
+        if self.raw:  # actions as given where they were not plain ints (rejected ones are all in raw)
+            codes = [self.raw.get((row, step), code) for step, code in enumerate(codes)]
+        actions = {self.seats[POLICY]: [c for s, c in zip(seats, codes) if s == POLICY],
+                   self.seats[USER]: [c for s, c in zip(seats, codes) if s == USER]}
         observations = {name: list(self.obs_log[s][row, :int(self.obs_count[s][row])])
                         for s, name in enumerate(self.seats)}
         terminated = bool(self.terminated[row])
         donation = float(self.donation[row]) if terminated else None
         reward = float(donation is not None and donation > 0)
         base = {"scenario_id": self.envs[row].scenario.id, "donation": None, "donated": False, "outcome_source": None}
-        infos = [{"to_act": self.seats[seat], **base} for seat in seats[1:]]
+        by_seat = [{"to_act": name, **base} for name in self.seats]
+        infos = [by_seat[seat].copy() for seat in seats[1:]]
         end = {"donation": donation, "donated": reward > 0,
                "outcome_source": "decided_in_dialogue" if terminated else None}
         infos.append({"to_act": None, **base, **end})
+        user_rejected = 0
         for (r, step), error in self.errors.items():
             if r == row and seats[step] == POLICY:
                 infos[step]["invalid_action"] = error
-        user_rejected = sum(1 for (r, step) in self.errors if r == row and seats[step] == USER)
+            elif r == row:
+                user_rejected += 1
         return {"observations": observations, "actions": actions,
                 "rewards": {self.seats[POLICY]: [0.0] * (n - 1) + [reward], self.seats[USER]: [0.0] * n},
                 "total_reward": reward, "success": reward > 0, "infos": infos, "terminated": terminated,
