@@ -201,7 +201,14 @@ class DialogueEnv(ParallelEnv, ABC):
             preview = ", ".join(ids[:5]) + (", ..." if len(ids) > 5 else "")
             raise KeyError(f"unknown scenario_id {scenario_id!r} for {type(self).__name__}; "
                            f"see env.scenario_ids() ({len(ids)} ids: {preview})")
-        self.scenario = self.load_scenario(scenario_id)
+        self._begin(self.load_scenario(scenario_id))
+        infos = {a: self._base_info(a) for a in self.agents}
+        return {a: self._observe(a) for a in self.agents}, infos
+
+    def _begin(self, scenario: Any) -> None:
+        """Start a dialogue on ``scenario``: draw the user's seed from ``np_random``, clear the dialogue state
+        (what :meth:`reset` does once the scenario is chosen; array waves call it for each of their envs)."""
+        self.scenario = scenario
         self.user_seed = int(self.np_random.integers(2**63 - 1))
         self.agents = list(self.possible_agents)
         self.transcript = []
@@ -209,8 +216,6 @@ class DialogueEnv(ParallelEnv, ABC):
         self.to_act = self.first_seat
         self._errors = {}
         self._start()
-        infos = {a: self._base_info(a) for a in self.agents}
-        return {a: self._observe(a) for a in self.agents}, infos
 
     def step(self, actions: dict[str, Any]):
         """Apply the acting seat's action (the other seat's is ignored and flagged if not empty).

@@ -66,14 +66,7 @@ class ActWave:
             if scenario_id not in env._scenarios:
                 env.reset(seed=seed, options={"scenario_id": scenario_id})  # raises the env's own KeyError
             env.np_random = np.random.default_rng(seed)
-            env.scenario = env._scenarios[scenario_id]
-            env.user_seed = int(env.np_random.integers(2**63 - 1))
-            env.agents = list(env.possible_agents)
-            env.transcript = []
-            env.steps = 0
-            env.to_act = env.first_seat
-            env._errors = {}
-            env._start()
+            env._begin(env._scenarios[scenario_id])
         self.to_act = np.zeros(n, np.int64)
         self.steps = np.zeros(n, np.int64)
         self.counts = np.zeros((n, _N_ER), np.float32)
