@@ -199,7 +199,7 @@ def test_text_persuadee_answers_from_its_decision_distribution():
     draws = []
     for seed in range(2000):
         sim.reset(env.scenario, np.random.default_rng(seed))
-        sim._slots[0].state = state
+        sim._states[0] = state
         draws.append(SURVEY_OPTIONS.index(sim.act(obs)))
     freq = np.bincount(draws, minlength=len(SURVEY_OPTIONS)) / len(draws)
     assert freq == pytest.approx(probs, abs=0.03)

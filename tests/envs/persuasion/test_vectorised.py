@@ -8,7 +8,7 @@ import torch
 
 from simpop.agents.policy import ActPolicy
 from simpop.envs.persuasion.acts import PERSUADER_ACTS
-from simpop.envs.persuasion.model import PersuadeeModel, PersuadeeParams
+from simpop.envs.persuasion.model import PersuadeeModel, PersuadeeParams, PersuadeeStates
 from simpop.envs.persuasion.personas import PersonaSampler
 from simpop.envs.persuasion.simulators import ActPersuadee
 from simpop.envs.persuasion.trainable import TrainableActPersuadee
@@ -54,6 +54,36 @@ def test_respond_batch_falls_back_exactly_on_a_saturated_decision():
     assert rngs_a[0].random() == rngs_b[0].random()
 
 
+@pytest.mark.parametrize("params", ["base", "vector", "decay-1"])
+def test_update_rows_matches_update_exactly(params):
+    """Long dialogues of random acts (repeats, asks before and after appeals) on many personas: the array update
+    gives the per-state update's numbers bit for bit, also with parameters read back from a float vector."""
+    base = PersuadeeParams()
+    model = PersuadeeModel({"base": base, "vector": PersuadeeParams.from_vector(base.to_vector() * 1.1),
+                            "decay-1": PersuadeeParams(repeat_decay=1.0)}[params])
+    rng = np.random.default_rng(5)
+    personas = PersonaSampler().sample_many(40, rng)
+    expected = [model.initial_state(p) for p in personas]
+    states = PersuadeeStates.of(expected)
+    for _ in range(30):
+        rows = np.sort(rng.choice(len(personas), size=int(rng.integers(1, len(personas))), replace=False))
+        acts = [PERSUADER_ACTS[int(rng.integers(len(PERSUADER_ACTS)))] for _ in rows]
+        model.update_rows(states, rows, acts)
+        for row, act in zip(rows, acts):
+            expected[row] = model.update(expected[row], act)
+    assert [states[i] for i in range(len(personas))] == expected
+    assert max(max(s.counts) for s in expected) > 2  # repeats were exercised
+
+
+def test_update_rows_rejects_bad_rows():
+    model = PersuadeeModel()
+    states = PersuadeeStates.of([model.initial_state(p) for p in PersonaSampler().sample_many(3, np.random.default_rng(0))])
+    with pytest.raises(ValueError, match="distinct rows"):
+        model.update_rows(states, np.array([1, 1]), ["greeting", "greeting"])
+    with pytest.raises(ValueError, match="one act per row"):
+        model.update_rows(states, np.array([0, 1]), ["greeting"])
+
+
 def test_respond_batch_rejects_mismatched_lengths():
     model = PersuadeeModel()
     state, act = _states(model, 1, seed=0)[0]
@@ -67,9 +97,9 @@ class _PerDialoguePersuadee(TrainableActPersuadee):
     def _reply_batch(self, slots, acts):
         outcomes = []
         for slot, act in zip(slots, acts):
-            state = self.model.update(self._slots[slot].state, act)
+            state = self.model.update(self.state(slot), act)
             outcomes.append(self.model.respond(state, act, self._slots[slot].rng, self.temperature))
-            self._slots[slot].state = state
+            self._states[slot] = state
             reply, amount = outcomes[-1]
             super()._record(slot, act, reply, amount)
         return outcomes
@@ -120,7 +150,7 @@ def test_collect_gives_identical_trajectories_to_the_per_dialogue_code(simulator
 
 
 def _old_reply(sim: ActPersuadee, slot: int, act: str):
-    state = sim.model.update(sim._slots[slot].state, act)
+    state = sim.model.update(sim.state(slot), act)
     outcome = sim.model.respond(state, act, sim._slots[slot].rng, sim.temperature)
-    sim._slots[slot].state = state
+    sim._states[slot] = state
     return outcome

@@ -222,6 +222,48 @@ class PersuadeeState:
     multipliers: tuple[float, ...]
 
 
+@dataclass
+class PersuadeeStates:
+    """Many persuadees' states as arrays, row ``i`` one dialogue's :class:`PersuadeeState` (advanced in place
+    by :meth:`PersuadeeModel.update_rows`; a wave of act-level dialogues keeps its persuadees this way).
+
+    Attributes:
+        inclination, rapport: ``[n]`` float64.
+        counts: ``[n, len(PERSUADER_ACTS)]`` int64 uses of each persuader act.
+        multipliers: ``[n, len(PERSUADER_ACTS)]`` float64 persona effect multipliers.
+    """
+
+    inclination: np.ndarray
+    rapport: np.ndarray
+    counts: np.ndarray
+    multipliers: np.ndarray
+
+    @classmethod
+    def of(cls, states: Sequence[PersuadeeState]) -> PersuadeeStates:
+        """The states as arrays (the same numbers)."""
+        n = len(states)
+        return cls(np.array([s.inclination for s in states], dtype=np.float64),
+                   np.array([s.rapport for s in states], dtype=np.float64),
+                   np.array([s.counts for s in states], dtype=np.int64).reshape(n, len(PERSUADER_ACTS)),
+                   np.array([s.multipliers for s in states], dtype=np.float64).reshape(n, len(PERSUADER_ACTS)))
+
+    def __len__(self) -> int:
+        return len(self.inclination)
+
+    def __getitem__(self, row: int) -> PersuadeeState:
+        """Row ``row`` as a :class:`PersuadeeState`."""
+        return PersuadeeState(float(self.inclination[row]), float(self.rapport[row]),
+                              tuple(self.counts[row].tolist()), tuple(self.multipliers[row].tolist()))
+
+    def __setitem__(self, row: int, state: PersuadeeState) -> None:
+        self.inclination[row], self.rapport[row] = state.inclination, state.rapport
+        self.counts[row], self.multipliers[row] = state.counts, state.multipliers
+
+    def take(self, rows: np.ndarray) -> PersuadeeStates:
+        """The states of ``rows`` (a copy)."""
+        return PersuadeeStates(self.inclination[rows], self.rapport[rows], self.counts[rows], self.multipliers[rows])
+
+
 #: A persuadee turn: (act, amount) where amount is the donation for decision acts, else None.
 Outcome = tuple[str, float | None]
 
@@ -230,6 +272,9 @@ _DECISION_MASK = np.array([a in DECISION_ACTS for a in PERSUADEE_ACTS])
 _SENTIMENT_SIGN = np.array([_SENTIMENT.get(a, 0.0) for a in PERSUADEE_ACTS])
 _AMOUNTS = np.array(AMOUNT_LEVELS)
 _U = (np.arange(len(AMOUNT_LEVELS)) - (len(AMOUNT_LEVELS) - 1) / 2) / (len(AMOUNT_LEVELS) - 1)
+_IS_ASKING = np.array([a in ASKING_ACTS for a in PERSUADER_ACTS])
+_IS_RAPPORT = np.array([a in RAPPORT_ACTS for a in PERSUADER_ACTS])
+_APPEAL_INDEX = np.array([_ER_INDEX[a] for a in APPEALS])
 #: Persuadee acts a non-decision turn can answer with (every other act has probability 0 there).
 _RESPONSE_SUPPORT = np.flatnonzero(~_DECISION_MASK)
 
@@ -245,6 +290,7 @@ class PersuadeeModel:
         self._amount_logits = np.array(p.amount_logits)
         self._is_appeal = np.array([a in APPEALS for a in PERSUADER_ACTS])
         self._initial: dict[Persona, PersuadeeState] = {}
+        self._decay = np.ones(0)
 
     def initial_state(self, persona: Persona) -> PersuadeeState:
         """The state before the first persuader act (cached per persona: states are immutable)."""
@@ -279,6 +325,35 @@ class PersuadeeModel:
             rapport = min(1.0, rapport + p.rapport_gain * state.multipliers[i] * p.repeat_decay ** n)
         counts = state.counts[:i] + (n + 1,) + state.counts[i + 1:]
         return PersuadeeState(float(inclination), float(rapport), counts, state.multipliers)
+
+    def update_rows(self, states: PersuadeeStates, rows: np.ndarray, acts: Sequence[str]) -> None:
+        """:meth:`update` of row ``rows[k]`` of ``states`` by ``acts[k]``, in place, for all rows at once (the
+        same floating-point operations in the same order, so the same numbers; rows must be distinct)."""
+        rows = np.asarray(rows, dtype=np.int64)
+        if len(rows) != len(acts):
+            raise ValueError(f"update_rows needs one act per row, got {len(rows)} rows and {len(acts)} acts")
+        if len(np.unique(rows)) != len(rows):
+            raise ValueError("update_rows needs distinct rows (one act per dialogue)")
+        p = self.params
+        i = np.array([_ER_INDEX[a] for a in acts], dtype=np.int64)
+        n = states.counts[rows, i]
+        decay = self._decay_powers(int(n.max(initial=0)))[n]
+        multiplier = states.multipliers[rows, i]
+        effect = self._effects[i] * multiplier
+        effect = np.where(self._is_appeal[i], effect * (1.0 + p.rapport_boost * states.rapport[rows]), effect)
+        inclination = states.inclination[rows] + effect * decay - p.repeat_penalty * n
+        premature = _IS_ASKING[i] & ~states.counts[rows][:, _APPEAL_INDEX].any(axis=1)
+        states.inclination[rows] = np.where(premature, inclination - p.premature_penalty, inclination)
+        rapport = states.rapport[rows]
+        states.rapport[rows] = np.where(_IS_RAPPORT[i], np.minimum(1.0, rapport + p.rapport_gain * multiplier * decay),
+                                        rapport)
+        states.counts[rows, i] = n + 1
+
+    def _decay_powers(self, up_to: int) -> np.ndarray:
+        """``repeat_decay ** k`` for k = 0..up_to, each as Python's float power (:meth:`update`) computes it."""
+        if len(self._decay) <= up_to:
+            self._decay = np.array([self.params.repeat_decay ** k for k in range(max(up_to + 1, 2 * len(self._decay)))])
+        return self._decay
 
     def donate_probability(self, state: PersuadeeState, temperature: float = 1.0) -> float:
         """Probability of donating if asked now (temperature 0 = greedy: 1 iff inclination > 0)."""
@@ -322,7 +397,7 @@ class PersuadeeModel:
         return outcomes[int(rng.choice(len(outcomes), p=probs / probs.sum()))][0]
 
 
-    def respond_batch(self, states: Sequence[PersuadeeState], acts: Sequence[str],
+    def respond_batch(self, states: Sequence[PersuadeeState] | PersuadeeStates, acts: Sequence[str],
                       rngs: Sequence[np.random.Generator], temperature: float = 1.0) -> list[Outcome]:
         """:meth:`respond` for many dialogues at once: the same replies and the same draws from each ``rngs[i]``.
 
@@ -339,7 +414,8 @@ class PersuadeeModel:
         if temperature < 0:
             raise ValueError(f"temperature must be >= 0 (0 = greedy), got {temperature}")
         out: list[Outcome | None] = [None] * n
-        incl = np.array([s.inclination for s in states])
+        incl = (states.inclination if isinstance(states, PersuadeeStates)
+                else np.array([s.inclination for s in states]))
         asking = np.array([a in ASKING_ACTS for a in acts], dtype=bool)
         for rows, fill in ((np.flatnonzero(asking), self._decisions_batch),
                            (np.flatnonzero(~asking), self._responses_batch)):

@@ -34,7 +34,8 @@ from simpop.envs.dialogue import parse_observation
 from simpop.envs.persuasion.acts import (DONATING_ACTS, PERSUADER_ACTS, STRATEGIES, classify_persuader,
                                          render_persuadee)
 from simpop.envs.persuasion.env import encode_persuadee_action, last_persuader_act, read_survey_answer
-from simpop.envs.persuasion.model import Outcome, PersuadeeModel, PersuadeeParams, PersuadeeState, calibrate
+from simpop.envs.persuasion.model import (Outcome, PersuadeeModel, PersuadeeParams, PersuadeeState, PersuadeeStates,
+                                          calibrate)
 from simpop.envs.persuasion.personas import Persona
 from simpop.seat import (SCENARIO_PERSONAS, BuildContext, DistributionalSimulator, Simulator, SimulatorSpec, Survey,
                          survey_of)
@@ -48,13 +49,13 @@ HELDOUT_JITTER, HELDOUT_SEED = 0.35, 4242
 
 @dataclass
 class _Slot:
-    state: PersuadeeState
     rng: np.random.Generator
     persona: Persona
 
 
 class _ModelPersuadee(Simulator):
-    """Per-slot model state shared by the act and text simulators.
+    """Per-slot model state shared by the act and text simulators (the slots' states as one
+    :class:`~simpop.envs.persuasion.model.PersuadeeStates`, advanced for a whole wave at once).
 
     Args:
         params: Model parameters (default: the calibrated defaults).
@@ -93,6 +94,7 @@ class _ModelPersuadee(Simulator):
         self.model_name, self.jitter, self.model_seed, self.corpus = model_name, jitter, model_seed, corpus
         self.name = name or f"{type(self).__name__.lower()}-{decoding}{'-modal' if persona_override else ''}"
         self._slots: list[_Slot] = []
+        self._states = PersuadeeStates.of([])
 
     @property
     def spec(self) -> SimulatorSpec:
@@ -102,7 +104,8 @@ class _ModelPersuadee(Simulator):
 
     def reset_batch(self, scenarios: list[Any], rngs: list[np.random.Generator]) -> None:
         personas = [self._persona(s, rng) for s, rng in zip(scenarios, rngs, strict=True)]
-        self._slots = [_Slot(self.model.initial_state(p), rng, p) for p, rng in zip(personas, rngs)]
+        self._slots = [_Slot(rng, p) for p, rng in zip(personas, rngs)]
+        self._states = PersuadeeStates.of([self.model.initial_state(p) for p in personas])
 
     def _persona(self, scenario: Any, rng: np.random.Generator) -> Persona:
         if self.personas is None:
@@ -117,15 +120,14 @@ class _ModelPersuadee(Simulator):
 
     def _reply_batch(self, slots: Sequence[int], acts: Sequence[str]) -> list[Outcome]:
         """Each slot hears its act and replies (drawn with the slot's generator); the slots' states advance."""
-        states = [self.model.update(self._slots[slot].state, act) for slot, act in zip(slots, acts, strict=True)]
-        outcomes = self.model.respond_batch(states, acts, [self._slots[slot].rng for slot in slots], self.temperature)
-        for slot, state in zip(slots, states):
-            self._slots[slot].state = state
-        return outcomes
+        rows = np.asarray(slots, dtype=np.int64)
+        self.model.update_rows(self._states, rows, acts)
+        return self.model.respond_batch(self._states.take(rows), acts, [self._slots[slot].rng for slot in slots],
+                                        self.temperature)
 
     def state(self, slot: int = 0) -> PersuadeeState:
         """The persuadee's current state in ``slot`` (inclination, rapport, act counts)."""
-        return self._slots[slot].state
+        return self._states[slot]
 
 
 class ActPersuadee(_ModelPersuadee, DistributionalSimulator):
@@ -140,12 +142,12 @@ class ActPersuadee(_ModelPersuadee, DistributionalSimulator):
 
     def distribution(self, observation: Any, slot: int = 0) -> list[tuple[int, float]]:
         act = _heard(observation)
-        state = self.model.update(self._slots[slot].state, act)
+        state = self.model.update(self.state(slot), act)
         return [(encode_persuadee_action(*o), p) for o, p in self.model.distribution(state, act, self.temperature)]
 
     def commit(self, observation: Any, slot: int = 0, action: Any = None) -> None:
         """Advance the slot's state past the persuader act in ``observation`` (the reply does not move it)."""
-        self._slots[slot].state = self.model.update(self._slots[slot].state, _heard(observation))
+        self._states[slot] = self.model.update(self.state(slot), _heard(observation))
 
 
 class TextPersuadee(_ModelPersuadee):
@@ -205,7 +207,7 @@ class TextPersuadee(_ModelPersuadee):
 
     def _decision(self, slot: int) -> list[tuple[Outcome, float]]:
         """The decision distribution in the slot's current state (no asking act applied: nothing is heard)."""
-        return self.model.distribution(self._slots[slot].state, "ask-donation-amount", self.temperature)
+        return self.model.distribution(self.state(slot), "ask-donation-amount", self.temperature)
 
 
 def _heard_batch(observations: list[Any]) -> list[str]:
