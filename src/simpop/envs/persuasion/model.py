@@ -272,8 +272,10 @@ _DECISION_MASK = np.array([a in DECISION_ACTS for a in PERSUADEE_ACTS])
 _SENTIMENT_SIGN = np.array([_SENTIMENT.get(a, 0.0) for a in PERSUADEE_ACTS])
 _AMOUNTS = np.array(AMOUNT_LEVELS)
 _U = (np.arange(len(AMOUNT_LEVELS)) - (len(AMOUNT_LEVELS) - 1) / 2) / (len(AMOUNT_LEVELS) - 1)
-_IS_ASKING = np.array([a in ASKING_ACTS for a in PERSUADER_ACTS])
-_IS_RAPPORT = np.array([a in RAPPORT_ACTS for a in PERSUADER_ACTS])
+#: Per persuader act (aligned with :data:`PERSUADER_ACTS`): an appeal, an asking act, a rapport-building act.
+IS_APPEAL = np.array([a in APPEALS for a in PERSUADER_ACTS])
+IS_ASKING = np.array([a in ASKING_ACTS for a in PERSUADER_ACTS])
+IS_RAPPORT = np.array([a in RAPPORT_ACTS for a in PERSUADER_ACTS])
 _APPEAL_INDEX = np.array([_ER_INDEX[a] for a in APPEALS])
 #: Persuadee acts a non-decision turn can answer with (every other act has probability 0 there).
 _RESPONSE_SUPPORT = np.flatnonzero(~_DECISION_MASK)
@@ -288,7 +290,6 @@ class PersuadeeModel:
         self._effects = np.array(p.act_effects)
         self._responses = np.array(p.response_logits).reshape(len(PERSUADER_ACTS), len(PERSUADEE_ACTS))
         self._amount_logits = np.array(p.amount_logits)
-        self._is_appeal = np.array([a in APPEALS for a in PERSUADER_ACTS])
         self._initial: dict[Persona, PersuadeeState] = {}
         self._decay = np.ones(0)
 
@@ -315,7 +316,7 @@ class PersuadeeModel:
         i = _ER_INDEX[act]
         n = state.counts[i]
         effect = self._effects[i] * state.multipliers[i]
-        if self._is_appeal[i]:
+        if IS_APPEAL[i]:
             effect *= 1.0 + p.rapport_boost * state.rapport
         inclination = state.inclination + effect * p.repeat_decay ** n - p.repeat_penalty * n
         if act in ASKING_ACTS and not any(state.counts[_ER_INDEX[a]] for a in APPEALS):
@@ -340,12 +341,12 @@ class PersuadeeModel:
         decay = self._decay_powers(int(n.max(initial=0)))[n]
         multiplier = states.multipliers[rows, i]
         effect = self._effects[i] * multiplier
-        effect = np.where(self._is_appeal[i], effect * (1.0 + p.rapport_boost * states.rapport[rows]), effect)
+        effect = np.where(IS_APPEAL[i], effect * (1.0 + p.rapport_boost * states.rapport[rows]), effect)
         inclination = states.inclination[rows] + effect * decay - p.repeat_penalty * n
-        premature = _IS_ASKING[i] & ~states.counts[rows][:, _APPEAL_INDEX].any(axis=1)
+        premature = IS_ASKING[i] & ~states.counts[rows][:, _APPEAL_INDEX].any(axis=1)
         states.inclination[rows] = np.where(premature, inclination - p.premature_penalty, inclination)
         rapport = states.rapport[rows]
-        states.rapport[rows] = np.where(_IS_RAPPORT[i], np.minimum(1.0, rapport + p.rapport_gain * multiplier * decay),
+        states.rapport[rows] = np.where(IS_RAPPORT[i], np.minimum(1.0, rapport + p.rapport_gain * multiplier * decay),
                                         rapport)
         states.counts[rows, i] = n + 1
 

@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import copy
 import functools
+import itertools
 import math
 from collections.abc import Sequence
 from dataclasses import dataclass, field
@@ -29,8 +30,8 @@ import torch
 
 from simpop.envs.persuasion.acts import ASKING_ACTS, DECISION_ACTS, DONATING_ACTS, PERSUADEE_ACTS, PERSUADER_ACTS
 from simpop.envs.persuasion.corpus import ER_LABEL_ALIASES, cached_corpus
-from simpop.envs.persuasion.model import (_DECISION_MASK, _SENTIMENT_SIGN, _U, AMOUNT_LEVELS, APPEALS, BASE_TRAITS,
-                                          MODULATORS, RAPPORT_ACTS, Outcome, PersuadeeModel, PersuadeeParams)
+from simpop.envs.persuasion.model import (_DECISION_MASK, _SENTIMENT_SIGN, _U, AMOUNT_LEVELS, BASE_TRAITS, IS_APPEAL,
+                                          IS_ASKING, IS_RAPPORT, MODULATORS, Outcome, PersuadeeModel, PersuadeeParams)
 from simpop.envs.persuasion.personas import Persona
 from simpop.envs.persuasion.simulators import ActPersuadee, _persuadee_class, _spec_arguments
 from simpop.seat import BuildContext, Scores, SimulatorSpec, Trainable
@@ -63,9 +64,6 @@ _start = 0
 for _name, _size in PersuadeeParams.sizes().items():
     _VECTOR_SLICES[_name] = slice(_start, _start + _size)
     _start += _size
-_IS_APPEAL = np.array([a in APPEALS for a in PERSUADER_ACTS])
-_IS_RAPPORT = np.array([a in RAPPORT_ACTS for a in PERSUADER_ACTS])
-_IS_ASKING = np.array([a in ASKING_ACTS for a in PERSUADER_ACTS])
 _ER = {a: i for i, a in enumerate(PERSUADER_ACTS)}
 _EE = {a: i for i, a in enumerate(PERSUADEE_ACTS)}
 
@@ -112,26 +110,26 @@ def turns_of(episodes: Sequence[ActEpisode]) -> Turns:
     """The episodes' turns as :class:`Turns` (the episodes without turns are left out of the arrays)."""
     rows = [i for i, e in enumerate(episodes) if e.turns]
     kept = [episodes[i] for i in rows]
-    b, width = len(kept), max((len(e.turns) for e in kept), default=0)
-    acts = np.zeros((b, width), dtype=np.int64)
-    repeats = np.zeros((b, width))
-    premature = np.zeros((b, width))
-    valid = np.zeros((b, width), dtype=bool)
-    choice = np.zeros((b, width), dtype=np.int64)
-    scored = np.zeros((b, width), dtype=bool)
-    for row, episode in enumerate(kept):
-        counts = np.zeros(len(PERSUADER_ACTS), dtype=np.int64)
-        for col, (act, reply) in enumerate(episode.turns):
-            acts[row, col], repeats[row, col], valid[row, col] = act, counts[act], True
-            premature[row, col] = float(_IS_ASKING[act] and not counts[_IS_APPEAL].any())
-            choice[row, col], scored[row, col] = max(reply, 0), reply != UNSCORED
-            counts[act] += 1
+    lengths = np.array([len(e.turns) for e in kept], dtype=np.int64)
+    b, width = len(kept), int(lengths.max(initial=0))
+    valid = np.arange(width) < lengths[:, None]
+    flat = np.fromiter(itertools.chain.from_iterable(itertools.chain.from_iterable(e.turns for e in kept)),
+                       dtype=np.int64, count=2 * int(lengths.sum())).reshape(-1, 2)
+    acts, replies = np.zeros((b, width), dtype=np.int64), np.full((b, width), UNSCORED, dtype=np.int64)
+    acts[valid], replies[valid] = flat[:, 0], flat[:, 1]
+    # Earlier uses of each turn's act (its one-hot summed over the row's earlier turns), and earlier appeals.
+    uses = (acts[..., None] == np.arange(len(PERSUADER_ACTS))) & valid[..., None]
+    earlier = np.take_along_axis(np.cumsum(uses, axis=1) - uses, acts[..., None], axis=2)[..., 0]
+    appeal = IS_APPEAL[acts] & valid
+    asking = IS_ASKING[acts] & valid
+    premature = asking & (np.cumsum(appeal, axis=1) - appeal == 0)
     features = [_persona_features(e.persona) for e in kept]
     base_traits, mod_means, has_mod = (np.array([f[k] for f in features]).reshape(b, size) for k, size in
                                        enumerate((len(BASE_TRAITS), len(PERSUADER_ACTS), len(PERSUADER_ACTS))))
     return Turns(len(episodes), torch.as_tensor(rows, dtype=torch.long), torch.as_tensor(acts),
-                 torch.as_tensor(repeats), torch.as_tensor(premature), torch.as_tensor(valid),
-                 torch.as_tensor(_IS_ASKING[acts] & valid), torch.as_tensor(choice), torch.as_tensor(scored),
+                 torch.as_tensor(np.where(valid, earlier, 0).astype(np.float64)),
+                 torch.as_tensor(premature.astype(np.float64)), torch.as_tensor(valid), torch.as_tensor(asking),
+                 torch.as_tensor(np.maximum(replies, 0)), torch.as_tensor(replies != UNSCORED),
                  torch.as_tensor(base_traits), torch.as_tensor(mod_means), torch.as_tensor(has_mod.astype(bool)))
 
 
@@ -158,19 +156,20 @@ def replay(theta: torch.Tensor, episodes: Sequence[ActEpisode] | Turns, temperat
     inclination = p["intercept"][0] + turns.base_traits @ p["trait_weights"]
     rapport = torch.zeros(b, dtype=theta.dtype)
     decay, penalty = p["repeat_decay"][0], p["repeat_penalty"][0]
-    is_appeal, is_rapport = torch.as_tensor(_IS_APPEAL), torch.as_tensor(_IS_RAPPORT)
+    appeals = torch.as_tensor(IS_APPEAL)[turns.acts]
+    builds = torch.as_tensor(IS_RAPPORT)[turns.acts] & turns.valid
     steps = []
-    for col in range(width):
-        a = turns.acts[:, col]
-        n = repeats[:, col]
-        on = turns.valid[:, col]
-        mult = multipliers.gather(1, a[:, None]).squeeze(1)
+    # Column by column with the same tensor ops (and so the same float arithmetic, gradients included) as
+    # before the parameter-free per-turn lookups (act flags, column views) moved out of the loop.
+    for a, index, n, on, premature, appeal, build in zip(
+            *(x.unbind(1) for x in (turns.acts, turns.acts[..., None], repeats, turns.valid, turns.premature,
+                                    appeals, builds))):
+        mult = multipliers.gather(1, index).squeeze(1)
         effect = p["act_effects"][a] * mult
-        effect = torch.where(is_appeal[a], effect * (1.0 + p["rapport_boost"][0] * rapport), effect)
-        delta = effect * decay ** n - penalty * n - p["premature_penalty"][0] * turns.premature[:, col]
+        effect = torch.where(appeal, effect * (1.0 + p["rapport_boost"][0] * rapport), effect)
+        delta = effect * decay ** n - penalty * n - p["premature_penalty"][0] * premature
         inclination = torch.where(on, inclination + delta, inclination)
-        builds = on & is_rapport[a]
-        rapport = torch.where(builds, torch.clamp(rapport + p["rapport_gain"][0] * mult * decay ** n, max=1.0), rapport)
+        rapport = torch.where(build, torch.clamp(rapport + p["rapport_gain"][0] * mult * decay ** n, max=1.0), rapport)
         steps.append(inclination)
     incl = torch.stack(steps, dim=1)
     t = float(temperature)
@@ -246,7 +245,7 @@ def reference_episodes(dialogues: Sequence[Any]) -> list[ActEpisode]:
                 continue
             er = episode.turns[-1][0]
             for label in u.labels:
-                if _IS_ASKING[er]:
+                if IS_ASKING[er]:
                     if label == "disagree-donation":
                         reply = REFUSE
                     elif label in DONATING_ACTS and amount and amount > 0:
