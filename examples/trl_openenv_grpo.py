@@ -15,7 +15,10 @@ Prints one JSON line per update (TRL's logs: reward, loss, completion length, ..
 With ``--eval-n N`` the policy also plays N seeds of each native member of the held-out panel
 ``p4g-text-v1`` (a second, panel-mode server; held-out persuadee models and personas) before and after
 training, with the same sampling seeds, and the summary reports held-out success before, after, and their
-paired difference with a 95% CI (the decision rule in docs/integrations.md). The learning run there::
+paired difference with a 95% CI (the decision rule in docs/integrations.md), and the same for the held-out
+persuadees' expected success (their decision's probability of a donation). ``--reward expected`` trains on each
+dialogue's expected success (``simpop.train.trl_adapter.expected_reward``) instead of the env's 0/1 reward.
+The learning run there::
 
     python examples/trl_openenv_grpo.py --simulator persuadee --steps 24 --group 8 --max-new-tokens 24 \
         --lr 5e-5 --lr-scheduler constant --eval-n 40
@@ -37,11 +40,15 @@ SYSTEM_PROMPT = "You are raising money for Save the Children. Ask the user to do
                 "briefly and kindly."
 
 
-def paired_difference(before: list[float], after: list[float]) -> dict[str, float]:
-    """Mean of after - before over paired dialogues, with its normal 95% CI."""
+def paired_difference(before: list[float], after: list[float], clusters: int | None = None) -> dict[str, float]:
+    """Mean of after - before over paired dialogues, with its normal 95% CI; with ``clusters`` the dialogues are
+    that many equal runs of clusters (dialogue ``i`` in cluster ``i % clusters``: one held-out seed played by
+    every member, which shares the seed's persona and draws) and the CI is over the clusters' mean differences."""
     import numpy as np
 
     diff = np.asarray(after, dtype=float) - np.asarray(before, dtype=float)
+    if clusters is not None:
+        diff = diff.reshape(-1, clusters).mean(axis=0)
     half = 1.96 * float(diff.std(ddof=1)) / np.sqrt(len(diff)) if len(diff) > 1 else float("nan")
     return {"mean": float(diff.mean()), "ci95": [float(diff.mean()) - half, float(diff.mean()) + half], "n": len(diff)}
 
@@ -78,6 +85,9 @@ def main(argv: list[str] | None = None) -> dict:
                         help=f"held-out seeds per native member of {EVAL_PANEL}, played before and after training")
     parser.add_argument("--eval-seed", type=int, default=10_000, help="first held-out seed")
     parser.add_argument("--eval-batch", type=int, default=50, help="held-out dialogues generated together")
+    parser.add_argument("--reward", choices=("env", "expected"), default="env",
+                        help="train on the env's reward, or on the persuadee's expected success (its decision's "
+                             "probability of a donation, the same expectation without the draw)")
     args = parser.parse_args(argv)
     os.environ.setdefault("TRL_EXPERIMENTAL_SILENCE", "1")
 
@@ -87,7 +97,7 @@ def main(argv: list[str] | None = None) -> dict:
     from simpop.agents.transformers_backend import TransformersBackend
     from simpop.integrations.openenv_server import ServerLimits, UserSeatSource, make_server
     from simpop.integrations.openenv_trl import make_rollout_func, play_dialogues
-    from simpop.train.trl_adapter import env_reward, scenario_dataset
+    from simpop.train.trl_adapter import env_reward, expected_reward, scenario_dataset
 
     env_kwargs = {"max_turns": args.max_turns}
     with contextlib.ExitStack() as stack:
@@ -101,7 +111,7 @@ def main(argv: list[str] | None = None) -> dict:
         backend = TransformersBackend("smollm2", trainable=True)
         rollout = make_rollout_func(url, backend, max_new_tokens=args.max_new_tokens, seed=args.seed,
                                     system_prompt=SYSTEM_PROMPT)
-        evaluate, held_out_before = None, []
+        evaluate, held_out_before = None, {}
         if args.eval_n > 0:
             panel = make_server(UserSeatSource(ENV, panel=EVAL_PANEL, env_kwargs=env_kwargs), port=0,
                                 limits=ServerLimits(max_sessions=args.eval_batch)).start()
@@ -110,10 +120,11 @@ def main(argv: list[str] | None = None) -> dict:
             # The training sampling (TRL's default temperature 1.0), the same seeds before and after: paired.
             sampling = SamplingParams(max_new_tokens=args.max_new_tokens, temperature=1.0, logprobs=True)
 
-            def evaluate() -> list[float]:
-                return [s for at in range(0, len(resets), args.eval_batch)
-                        for s in play_dialogues(panel.url, backend, resets[at:at + args.eval_batch], sampling,
-                                                [args.seed, 999, at], SYSTEM_PROMPT).successes]
+            def evaluate() -> dict[str, list]:
+                played = [play_dialogues(panel.url, backend, resets[at:at + args.eval_batch], sampling,
+                                         [args.seed, 999, at], SYSTEM_PROMPT) for at in range(0, len(resets), args.eval_batch)]
+                return {"success": [s for p in played for s in p.successes],
+                        "expected": [e for p in played for e in p.expected]}
 
             held_out_before = evaluate()
         batches: list[dict] = []
@@ -127,7 +138,8 @@ def main(argv: list[str] | None = None) -> dict:
                             max_steps=args.steps, learning_rate=args.lr, lr_scheduler_type=args.lr_scheduler,
                             logging_steps=1, report_to=[],
                             use_cpu=True, save_strategy="no", bf16=False, disable_tqdm=True, seed=args.seed)
-        trainer = GRPOTrainer(model=backend.model, processing_class=backend.tokenizer, reward_funcs=env_reward,
+        reward = expected_reward if args.reward == "expected" else env_reward
+        trainer = GRPOTrainer(model=backend.model, processing_class=backend.tokenizer, reward_funcs=reward,
                               train_dataset=scenario_dataset(ENV, n=args.prompts_per_step * args.steps, env_kwargs=env_kwargs,
                                                              seed=args.seed),
                               rollout_func=recording, args=config)
@@ -139,19 +151,27 @@ def main(argv: list[str] | None = None) -> dict:
     logs = [h for h in trainer.state.log_history if "loss" in h]
     for log in logs:
         print(json.dumps({k: v for k, v in log.items() if isinstance(v, (int, float))}), flush=True)
-    summary = {"updates": trainer.state.global_step, "max_weight_change": moved,
+    trained_on = "expected_success" if args.reward == "expected" else "env_reward"
+    summary = {"updates": trainer.state.global_step, "max_weight_change": moved, "reward": args.reward,
                "reward_per_update": [log["reward"] for log in logs],
+               "success_per_update": [sum(b["success"]) / len(b["success"]) for b in batches],
                "policy_token_share": [sum(map(sum, b["env_mask"])) / max(1, sum(map(len, b["completion_ids"])))
                                       for b in batches],
                "simulators": sorted({s for b in batches for s in b["simulator"]}),
-               "zero_variance_groups": sum(len(set(b["env_reward"][g:g + args.group])) == 1
-                                           for b in batches for g in range(0, len(b["env_reward"]), args.group)),
+               "zero_variance_groups": sum(len(set(b[trained_on][g:g + args.group])) == 1
+                                           for b in batches for g in range(0, len(b[trained_on]), args.group)),
                "reward_trend": trend([log["reward"] for log in logs])}
     if held_out_after is not None:
+        before, after = held_out_before["success"], held_out_after["success"]
         summary["held_out"] = {"panel": EVAL_PANEL, "members": EVAL_MEMBERS, "seeds_per_member": args.eval_n,
-                               "before": sum(held_out_before) / len(held_out_before),
-                               "after": sum(held_out_after) / len(held_out_after),
-                               "difference": paired_difference(held_out_before, held_out_after)}
+                               "before": sum(before) / len(before), "after": sum(after) / len(after),
+                               "difference": paired_difference(before, after),
+                               "difference_by_seed": paired_difference(before, after, clusters=args.eval_n)}
+        before, after = held_out_before["expected"], held_out_after["expected"]
+        if None not in before + after:
+            summary["held_out"].update(expected_before=sum(before) / len(before), expected_after=sum(after) / len(after),
+                                       expected_difference=paired_difference(before, after),
+                                       expected_difference_by_seed=paired_difference(before, after, args.eval_n))
     print(json.dumps(summary), flush=True)
     return {"summary": summary, "logs": logs, "batches": batches}
 

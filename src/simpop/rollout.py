@@ -70,6 +70,9 @@ class Trajectory:
         rewards: Per seat, the reward after each env step.
         total_reward: The policy seat's return.
         success: The env's ``info["success"]`` at the end, else ``total_reward > 0``.
+        expected_success: The user simulator's probability that the dialogue succeeded, given what it heard
+            (:meth:`~simpop.seat.Simulator.success_probability`: its deciding draw's expectation), or None where it
+            reports none. Text-level dialogues only (the act level's array stepper leaves it None).
         infos: The policy seat's info dict after each env step.
         simulator: Name of the concrete simulator (population member) that played the user seat.
         terminated: The task ended (vs. ``truncated`` by the turn cap).
@@ -93,6 +96,7 @@ class Trajectory:
     rewards: dict[str, list[float]]
     total_reward: float = 0.0
     success: bool = False
+    expected_success: float | None = None
     infos: list[dict[str, Any]] = field(default_factory=list)
     simulator: str = ""
     terminated: bool = False
@@ -434,6 +438,8 @@ class RolloutEngine:
             finished = [d for d in live if self._step(d, actions[d.slot])]
             if finished:
                 self.simulator.feedback([d.slot for d in finished], [d.trajectory.total_reward for d in finished])
+                for d in finished:
+                    d.trajectory.expected_success = self.simulator.success_probability(d.slot)
         return [d.trajectory for d in dialogues]
 
     def _vector_wave(self, envs: list[DialogueEnv]) -> VectorWave | None:

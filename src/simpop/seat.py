@@ -127,6 +127,12 @@ class Simulator(ABC):
         """The concrete simulator driving ``slot`` (itself, except in populations)."""
         return self
 
+    def success_probability(self, slot: int) -> float | None:
+        """The probability that ``slot``'s finished dialogue succeeded, given everything the simulator heard: the
+        expectation of its deciding draw (a model-based simulator knows it), or None where the simulator cannot
+        say (the default) or has not decided. ``UserSeat`` reports it as ``info["expected_success"]``."""
+        return None
+
     @property
     def spec(self) -> SimulatorSpec:
         """What this simulator is (kind, model, persona set, decoding), compared by held-out panels.

@@ -61,9 +61,10 @@ def test_the_openenv_route_hands_trl_the_in_process_adapters_tokens():
                                           max_new_tokens=6, seed=5)(prompts, trainer)
     with make_server(UserSeatSource(env, ["persuadee"], env_kwargs=kwargs), port=0).start() as server:
         remote = openenv_trl.make_rollout_func(server.url, backend, max_new_tokens=6, seed=5)(prompts, trainer)
-    for key in ("prompt_ids", "completion_ids", "env_mask", "logprobs", "env_reward", "success"):
+    for key in ("prompt_ids", "completion_ids", "env_mask", "logprobs", "env_reward", "success", "expected_success"):
         assert remote[key] == local[key], key
     assert any(0 in mask for mask in remote["env_mask"])
+    assert all(0.0 < e < 1.0 for e in remote["expected_success"])  # the native persuadee knows its decision's odds
 
 
 def test_a_server_tokenizer_gives_token_in_token_out_sessions():

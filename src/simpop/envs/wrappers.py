@@ -52,7 +52,9 @@ class UnsupportedRenderMode(TypeError, ValueError):
 class UserSeat(gymnasium.Env):
     """The policy seat of ``env`` as a Gymnasium env, with ``simulator`` in the user seat.
 
-    Rewards the policy seat receives during the simulator's turns are added to the step's reward.
+    Rewards the policy seat receives during the simulator's turns are added to the step's reward. When the
+    episode ends, a simulator that knows how likely its decision made success
+    (:meth:`~simpop.seat.Simulator.success_probability`) has it reported as ``info["expected_success"]``.
     The simulator's random generator comes from the env's reset seed, so a seeded reset makes the
     whole episode reproducible.
     """
@@ -117,9 +119,12 @@ class UserSeat(gymnasium.Env):
             reward += rewards[self.seat]
             terminated, truncated = terminations[self.seat], truncations[self.seat]
         self._return += reward
+        info = infos[self.seat]
         if terminated or truncated:
             self.simulator.feedback([0], [self._return])
-        return observations[self.seat], reward, terminated, truncated, infos[self.seat]
+            if (expected := self.simulator.success_probability(0)) is not None:
+                info = {**info, "expected_success": expected}
+        return observations[self.seat], reward, terminated, truncated, info
 
     def render(self):
         """The env's rendering of the transcript."""

@@ -8,8 +8,9 @@ openenv serve`` server (:class:`~simpop.integrations.openenv_client.SimpopEnvCli
 simulator population plays the user, and hands TRL, per dialogue, what
 :func:`simpop.train.trl_adapter.make_rollout_func` hands it in process: ``prompt_ids``, ``completion_ids``
 (every policy turn and the template and user tokens between), ``env_mask`` (1 only on tokens the policy
-generated: TRL's loss skips the user's turns), ``logprobs``, and ``env_reward`` / ``success`` / ``simulator``
-for reward functions (:func:`~simpop.train.trl_adapter.env_reward`). Token ids are built on the client
+generated: TRL's loss skips the user's turns), ``logprobs``, and ``env_reward`` / ``success`` /
+``expected_success`` / ``simulator`` for reward functions (:func:`~simpop.train.trl_adapter.env_reward`,
+:func:`~simpop.train.trl_adapter.expected_reward`). Token ids are built on the client
 from the observation's chat with simpop's token-in/token-out bookkeeping (:class:`~simpop.rollout.TokenLedger`).
 """
 
@@ -66,6 +67,7 @@ def make_rollout_func(base_url: str, backend: TransformersBackend, max_new_token
             "env_mask": [lg.mask[lg.prompt_length:] for lg in played.ledgers],
             "env_reward": played.returns,
             "success": played.successes,
+            "expected_success": played.expected,
             "simulator": played.simulators,
         }
 
@@ -74,11 +76,13 @@ def make_rollout_func(base_url: str, backend: TransformersBackend, max_new_token
 
 @dataclasses.dataclass
 class PlayedDialogues:
-    """What :func:`play_dialogues` played: per dialogue its tokens, return, success and user-seat member."""
+    """What :func:`play_dialogues` played: per dialogue its tokens, return, success, expected success (the
+    simulator's ``info["expected_success"]``, None where it reports none) and user-seat member."""
 
     ledgers: list[TokenLedger]
     returns: list[float]
     successes: list[float]
+    expected: list[float | None]
     simulators: list[str]
 
 
@@ -121,4 +125,6 @@ def play_dialogues(base_url: str, backend: TransformersBackend, resets: list[dic
     return PlayedDialogues(
         ledgers=ledgers, returns=returns,
         successes=[float(info["success"]) if "success" in info else float(g > 0) for info, g in zip(infos, returns)],
+        expected=[float(info["expected_success"]) if info.get("expected_success") is not None else None
+                  for info in infos],
         simulators=[str(r.metadata.get("simulator")) for r in results])

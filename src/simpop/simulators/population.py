@@ -356,6 +356,10 @@ class Population(Simulator):
         entry, member_slot = self._slot(slot)
         return entry.simulator.member(member_slot)
 
+    def success_probability(self, slot: int) -> float | None:
+        entry, member_slot = self._slot(slot)
+        return entry.simulator.success_probability(member_slot)
+
     @property
     def spec(self) -> SimulatorSpec:
         leaves = leaf_simulators([self])

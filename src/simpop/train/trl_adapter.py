@@ -10,7 +10,8 @@ and hands TRL, per dialogue:
 - ``env_mask``: 1 for tokens the policy generated, 0 for the rest, so TRL's loss (and its completion
   length statistics) count the policy's own tokens only;
 - ``logprobs``: the sampling log-probs (0 where ``env_mask`` is 0);
-- extra fields ``env_reward``, ``success`` and ``simulator`` for reward functions (:func:`env_reward`).
+- extra fields ``env_reward``, ``success``, ``expected_success`` and ``simulator`` for reward functions
+  (:func:`env_reward`, :func:`expected_reward`).
 
 :func:`collapse_callback` runs the collapse early warning (:mod:`simpop.train.monitor`) inside TRL.
 
@@ -103,6 +104,7 @@ def make_rollout_func(env_id: str, simulator: Simulator, backend: TransformersBa
             "env_mask": [t.mask[t.prompt_length:] for t in trajectories],
             "env_reward": [t.total_reward for t in trajectories],
             "success": [float(t.success) for t in trajectories],
+            "expected_success": [t.expected_success for t in trajectories],
             "simulator": [t.simulator for t in trajectories],
         }
 
@@ -112,6 +114,14 @@ def make_rollout_func(env_id: str, simulator: Simulator, backend: TransformersBa
 def env_reward(completions: list[Any], env_reward: list[float], **kwargs: Any) -> list[float]:
     """TRL reward function: the env's reward of each dialogue (from :func:`make_rollout_func`)."""
     return [float(r) for r in env_reward]
+
+
+def expected_reward(completions: list[Any], env_reward: list[float], expected_success: list[float | None],
+                    **kwargs: Any) -> list[float]:
+    """TRL reward function: each dialogue's expected success where the user simulator reports one (its deciding
+    draw's probability of success, ``info["expected_success"]``: the same expectation as the env's 0/1 reward
+    without the draw's noise), else the env's reward."""
+    return [float(e) if e is not None else float(r) for e, r in zip(expected_success, env_reward, strict=True)]
 
 
 def scenario_dataset(env_id: str, n: int | None = None, env_kwargs: dict[str, Any] | None = None, seed: int = 0):

@@ -31,7 +31,7 @@ from typing import Any
 import numpy as np
 
 from simpop.envs.dialogue import parse_observation
-from simpop.envs.persuasion.acts import (DONATING_ACTS, PERSUADER_ACTS, STRATEGIES, classify_persuader,
+from simpop.envs.persuasion.acts import (ASKING_ACTS, DONATING_ACTS, PERSUADER_ACTS, STRATEGIES, classify_persuader,
                                          render_persuadee)
 from simpop.envs.persuasion.env import encode_persuadee_action, last_persuader_act, read_survey_answer
 from simpop.envs.persuasion.model import (Outcome, PersuadeeModel, PersuadeeParams, PersuadeeState, PersuadeeStates,
@@ -155,8 +155,18 @@ class TextPersuadee(_ModelPersuadee):
 
     A :class:`~simpop.seat.SurveyAnswerer`: the closing survey's answer comes from the model's decision in
     the slot's current state (:meth:`survey_distribution`), drawn with the slot's generator at the
-    simulator's temperature (greedy: donate iff p > 0.5, the most likely amount).
+    simulator's temperature (greedy: donate iff p > 0.5, the most likely amount). Its :meth:`success_probability`
+    is the donation probability of the distribution its stated decision was drawn from.
     """
+
+    def reset_batch(self, scenarios: list[Any], rngs: list[np.random.Generator]) -> None:
+        super().reset_batch(scenarios, rngs)
+        self._expected: dict[int, float] = {}
+
+    def success_probability(self, slot: int) -> float | None:
+        """The probability that slot ``slot``'s stated decision was a donation (> $0), from the distribution it was
+        drawn from (greedy: 1 or 0, what was chosen); None before a decision."""
+        return self._expected.get(slot)
 
     def act_batch(self, observations: list[Any], slots: list[int]) -> list[str]:
         replies = []
@@ -167,7 +177,11 @@ class TextPersuadee(_ModelPersuadee):
                 continue
             messages = parse_observation(obs)["messages"]
             heard = next((m["content"] for m in reversed(messages) if m["role"] == "user"), "")
-            (act, amount) = self._reply_batch([slot], [classify_persuader(heard)])[0]
+            asked = classify_persuader(heard)
+            (act, amount) = self._reply_batch([slot], [asked])[0]
+            if asked in ASKING_ACTS:  # a decision was drawn: remember how likely a donation was
+                self._expected[slot] = (float(act in DONATING_ACTS) if self.decoding == "greedy" else _donating_share(
+                    self.model.distribution(self.state(slot), asked, self.temperature)))
             rng = None if self.decoding == "greedy" else self._slots[slot].rng
             replies.append(render_persuadee(act, amount if act in DONATING_ACTS else None, rng))
         return replies
@@ -199,15 +213,26 @@ class TextPersuadee(_ModelPersuadee):
                 index = (int(np.argmax(weights)) if self.decoding == "greedy"
                          else int(self._slots[slot].rng.choice(len(options), p=weights / weights.sum())))
                 answers.append(f"${options[index][0][1]:.2f}")
-            elif self.decoding == "greedy":
-                answers.append(survey.options[int(np.argmax(probs))])
-            else:
-                answers.append(survey.options[int(self._slots[slot].rng.choice(len(probs), p=probs))])
+                self._expected[slot] = (float(options[index][0][1] > 0) if self.decoding == "greedy"
+                                        else _donating_share(options))
+                continue
+            index = (int(np.argmax(probs)) if self.decoding == "greedy"
+                     else int(self._slots[slot].rng.choice(len(probs), p=probs)))
+            answers.append(survey.options[index])
+            gives = [(read_survey_answer(o).amount or 0.0) > 0 for o in survey.options]
+            self._expected[slot] = (float(gives[index]) if self.decoding == "greedy"
+                                    else float(sum(p for p, g in zip(probs, gives) if g)))
         return answers
 
     def _decision(self, slot: int) -> list[tuple[Outcome, float]]:
         """The decision distribution in the slot's current state (no asking act applied: nothing is heard)."""
         return self.model.distribution(self.state(slot), "ask-donation-amount", self.temperature)
+
+
+def _donating_share(outcomes: list[tuple[Outcome, float]]) -> float:
+    """The probability mass of outcomes that give more than $0, of all the mass (the draw normalises too)."""
+    total = sum(q for _, q in outcomes)
+    return sum(q for (_, amount), q in outcomes if amount is not None and amount > 0) / total
 
 
 def _heard_batch(observations: list[Any]) -> list[str]:
