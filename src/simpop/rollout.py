@@ -50,7 +50,7 @@ import numpy as np
 from simpop.agents.base import Chat, Generation, TokenBackend
 from simpop.agents.policy import BatchPolicy, TokenPolicy
 from simpop.envs.dialogue import DialogueEnv, parse_observation
-from simpop.seat import Simulator
+from simpop.seat import Simulator, expected_success
 
 logger = logging.getLogger(__name__)
 
@@ -439,7 +439,7 @@ class RolloutEngine:
             if finished:
                 self.simulator.feedback([d.slot for d in finished], [d.trajectory.total_reward for d in finished])
                 for d in finished:
-                    d.trajectory.expected_success = self.simulator.success_probability(d.slot)
+                    d.trajectory.expected_success = expected_success(self.simulator, d.slot)
         return [d.trajectory for d in dialogues]
 
     def _vector_wave(self, envs: list[DialogueEnv]) -> VectorWave | None:

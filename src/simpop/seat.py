@@ -142,6 +142,12 @@ class Simulator(ABC):
         return SimulatorSpec(kind="custom", model=f"{type(self).__module__}.{type(self).__qualname__}")
 
 
+def expected_success(simulator: Any, slot: int) -> float | None:
+    """``simulator.success_probability(slot)``, or None for a simulator without one (duck-typed simulators)."""
+    method = getattr(simulator, "success_probability", None)
+    return None if method is None else method(slot)
+
+
 @runtime_checkable
 class DistributionalSimulator(Protocol):
     """A simulator that can state its full action distribution for a slot's observation.

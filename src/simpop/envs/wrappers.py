@@ -30,7 +30,7 @@ import gymnasium
 
 from simpop.envs.dialogue import DialogueEnv
 from simpop.envs.registration import load, make, spec
-from simpop.seat import Simulator, SimulatorSpec
+from simpop.seat import Simulator, SimulatorSpec, expected_success
 
 #: ``id(simulator)`` -> the claim of the view that reset it last (entries go when the simulator does).
 _CLAIMS: dict[int, int] = {}
@@ -122,7 +122,7 @@ class UserSeat(gymnasium.Env):
         info = infos[self.seat]
         if terminated or truncated:
             self.simulator.feedback([0], [self._return])
-            if (expected := self.simulator.success_probability(0)) is not None:
+            if (expected := expected_success(self.simulator, 0)) is not None:
                 info = {**info, "expected_success": expected}
         return observations[self.seat], reward, terminated, truncated, info
 

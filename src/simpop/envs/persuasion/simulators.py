@@ -212,9 +212,9 @@ class TextPersuadee(_ModelPersuadee):
                 weights = np.array([q for _, q in options])
                 index = (int(np.argmax(weights)) if self.decoding == "greedy"
                          else int(self._slots[slot].rng.choice(len(options), p=weights / weights.sum())))
-                answers.append(f"${options[index][0][1]:.2f}")
-                self._expected[slot] = (float(options[index][0][1] > 0) if self.decoding == "greedy"
-                                        else _donating_share(options))
+                amount = options[index][0][1] or 0.0  # decisions carry amounts (refusals $0)
+                answers.append(f"${amount:.2f}")
+                self._expected[slot] = float(amount > 0) if self.decoding == "greedy" else _donating_share(options)
                 continue
             index = (int(np.argmax(probs)) if self.decoding == "greedy"
                      else int(self._slots[slot].rng.choice(len(probs), p=probs)))
