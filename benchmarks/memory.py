@@ -34,7 +34,8 @@ in ~20 minutes on 2 busy CPU cores.
 ``adapter`` takes ``ROUNDS`` steps of one simulator too. Targets (issues 19, 29): cotrain_offload <= 1.3x
 adapter; tau2 <= 2 GB; grpo_ours <= 0.9x grpo_trl. ``--budgets 1024 512`` runs the cases at each token budget and
 prints their peaks, times and losses side by side (issue 29: at 512 the K=4 co-training peak meets the target,
-at 2.2x the policy step's time; the default stays 1024). ``--trim`` calls
+at 2.2x the policy step's time; the default stays 1024); ``--checkpoints 1024 0`` does the same for the
+checkpointing threshold alone (``checkpoint_tokens``: micro-batches unchanged). ``--trim`` calls
 glibc's ``malloc_trim(0)`` after every step (returning freed heap pages to the system).
 
 Run ``PYTHONPATH=<tree>/src python benchmarks/memory.py`` to measure another checkout with the same script
@@ -100,14 +101,13 @@ def episodes(vocab: int, seed: int = 0):
     return out
 
 
-TOKEN_BUDGET: int | None = None  # --token-budget (None: the backend's default)
+BACKEND: dict[str, int] = {}  # --token-budget, --checkpoint-tokens (absent: the backend's defaults)
 
 
 def backend():
     from simpop.agents.transformers_backend import TransformersBackend
 
-    extra = {} if TOKEN_BUDGET is None else {"token_budget": TOKEN_BUDGET}
-    return TransformersBackend("smollm2", dtype="float32", **extra)
+    return TransformersBackend("smollm2", dtype="float32", **BACKEND)
 
 
 def simulator_step(sim, work, optimizer) -> float:
@@ -321,14 +321,13 @@ def child(case: str, args: argparse.Namespace) -> None:
     print("RESULT " + json.dumps({**result, "peak_mb": peak_mb()}), flush=True)
 
 
-def measure(args: argparse.Namespace, budget: int | None) -> dict[str, dict[str, float]]:
-    """Each case's result (a child process each) with the backend's ``token_budget`` set to ``budget``."""
+def measure(args: argparse.Namespace, setting: str) -> dict[str, dict[str, float]]:
+    """Each case's result (a child process each) with the backend set as ``setting`` says (:func:`settings`)."""
     results: dict[str, dict[str, float]] = {}
 
     def launch(case: str) -> subprocess.Popen:
         command = [sys.executable, __file__, "--child", case, "--threads", str(args.threads), "--rounds",
-                   str(args.rounds)] + (["--trim"] if args.trim else []) + (
-                   ["--token-budget", str(budget)] if budget else [])
+                   str(args.rounds)] + (["--trim"] if args.trim else []) + setting.split()
         return subprocess.Popen(command, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
 
     if args.parallel:
@@ -336,7 +335,7 @@ def measure(args: argparse.Namespace, budget: int | None) -> dict[str, dict[str,
         outputs = {case: process.communicate() for case, process in children.items()}
     else:
         outputs = {case: launch(case).communicate() for case in args.cases}
-    print(f"token budget {budget or 'default'} (load average {' '.join(f'{x:.2f}' for x in os.getloadavg())}):")
+    print(f"{setting or 'defaults'} (load average {' '.join(f'{x:.2f}' for x in os.getloadavg())}):")
     for case, (stdout, stderr) in outputs.items():
         line = next((x for x in stdout.splitlines() if x.startswith("RESULT ")), None)
         if line is None:
@@ -349,35 +348,50 @@ def measure(args: argparse.Namespace, budget: int | None) -> dict[str, dict[str,
     return results
 
 
+def settings(args: argparse.Namespace) -> list[str]:
+    """The backend settings to measure side by side, as child-process flags (``""``: the defaults)."""
+    budget = [f"--token-budget {args.token_budget}"] if args.token_budget else []
+    checkpoint = [f"--checkpoint-tokens {args.checkpoint_tokens}"] if args.checkpoint_tokens is not None else []
+    if args.budgets:
+        return [" ".join([f"--token-budget {b}", *checkpoint]) for b in args.budgets]
+    if args.checkpoints:
+        return [" ".join([*budget, f"--checkpoint-tokens {c}"]) for c in args.checkpoints]
+    return [" ".join(budget + checkpoint)]
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--cases", nargs="+", default=list(CASES), choices=CASES)
     parser.add_argument("--threads", type=int, default=2)
     parser.add_argument("--trim", action="store_true", help="malloc_trim(0) after every step")
     parser.add_argument("--rounds", type=int, default=ROUNDS, help="steps of each adapter in the simulator cases")
-    parser.add_argument("--token-budget", type=int, help="the backend's token budget (its activation "
-                                                         "checkpointing threshold); default: the backend's")
+    parser.add_argument("--token-budget", type=int, help="the backend's token budget (micro-batch size); "
+                                                         "default: the backend's")
+    parser.add_argument("--checkpoint-tokens", type=int, help="the backend's activation checkpointing threshold; "
+                                                              "default: the backend's (its token budget)")
     parser.add_argument("--budgets", type=int, nargs="+",
                         help="measure the cases at each of these token budgets, side by side (losses compared)")
+    parser.add_argument("--checkpoints", type=int, nargs="+",
+                        help="measure the cases at each of these checkpointing thresholds (the budget as given)")
     parser.add_argument("--parallel", action="store_true",
                         help="run the cases' children side by side (peaks are per process; times share the CPU)")
     parser.add_argument("--child", choices=CASES, help=argparse.SUPPRESS)
     args = parser.parse_args()
-    global TOKEN_BUDGET
-    TOKEN_BUDGET = args.token_budget
+    BACKEND.update({k: v for k, v in (("token_budget", args.token_budget),
+                                      ("checkpoint_tokens", args.checkpoint_tokens)) if v is not None})
     if args.child:
         child(args.child, args)
         return
-    budgets = args.budgets or [args.token_budget]
-    tables = {budget: measure(args, budget) for budget in budgets}
-    results = tables[budgets[0]]
+    chosen = settings(args)
+    tables = {setting: measure(args, setting) for setting in chosen}
+    results = tables[chosen[0]]
 
     def ratio(a: str, b: str, key: str = "peak_mb", table: dict | None = None) -> str:
         table = results if table is None else table
         return f"{table[a][key] / table[b][key]:.2f}x" if a in table and b in table else "n/a"
 
-    for budget, table in tables.items():
-        print(f"token budget {budget or 'default'}: cotrain_offload / adapter peak: "
+    for setting, table in tables.items():
+        print(f"{setting or 'defaults'}: cotrain_offload / adapter peak: "
               f"{ratio('cotrain_offload', 'adapter', table=table)} (target <= 1.3x; without the offload "
               f"{ratio('cotrain', 'adapter', table=table)}); cotrain_offload / cotrain: "
               f"{ratio('cotrain_offload', 'cotrain', table=table)}; step time cotrain_offload / cotrain: "
@@ -388,14 +402,14 @@ def main() -> None:
                   + ", ".join(f"{a:.6f}/{b:.6f}" for a, b in pairs)
                   + f"; identical: {'yes' if all(a == b for a, b in pairs) else 'NO'}")
     if len(tables) > 1:
-        first, *rest = budgets
+        first, *rest = chosen
         for case in ("adapter", "cotrain", "cotrain_offload", "policy"):
             for other in rest:
                 a, b = tables[first].get(case), tables[other].get(case)
                 if a and b:
                     worst = max((abs(x - y) / max(abs(x), 1e-12) for x, y in zip(a["losses"], b["losses"])),
                                 default=0.0)
-                    print(f"{case}: budget {first} vs {other}: peak {a['peak_mb']:.0f} vs {b['peak_mb']:.0f} MB, "
+                    print(f"{case}: {first or 'defaults'} vs {other}: peak {a['peak_mb']:.0f} vs {b['peak_mb']:.0f} MB, "
                           f"step {a['step_s']:.2f} vs {b['step_s']:.2f} s ({b['step_s'] / a['step_s']:.2f}x); losses "
                           + ", ".join(f"{x:.6f}/{y:.6f}" for x, y in zip(a["losses"], b["losses"]))
                           + f" (largest relative difference {worst:.1e})")

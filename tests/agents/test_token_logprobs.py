@@ -91,9 +91,13 @@ def test_lora_logprobs_entropies_and_gradients_match_the_full_logits_reference(l
     weights = torch.randn(len(sequences), max(map(len, sequences)), generator=torch.Generator().manual_seed(1))
     logprobs, entropies, mask = full_logits_reference(backend, sequences, masks, temperature)
     expected = _gradients(backend, params, logprobs, weights)
-    # One micro-batch, and one row per (checkpointed) micro-batch.
-    for budget in (10_000, 1):
-        scores = backend.token_logprobs(sequences, masks, temperature=temperature, token_budget=budget)
+    # One micro-batch, one row per (checkpointed) micro-batch, and one checkpointed micro-batch.
+    for budget, checkpoint_tokens in ((10_000, None), (1, None), (10_000, 0)):
+        backend.checkpoint_tokens = checkpoint_tokens
+        try:
+            scores = backend.token_logprobs(sequences, masks, temperature=temperature, token_budget=budget)
+        finally:
+            backend.checkpoint_tokens = None
         assert torch.equal(scores.mask, mask) and not scores.entropies.requires_grad
         torch.testing.assert_close(scores.logprobs, logprobs, rtol=1e-4, atol=1e-4)
         torch.testing.assert_close(scores.entropies, entropies.detach(), rtol=1e-4, atol=1e-4)
@@ -131,3 +135,27 @@ def test_backward_after_switching_adapters_is_an_error(lora_backend):
     with pytest.raises(RuntimeError, match="call backward before switching adapters"):
         scores.logprobs.sum().backward()
     backend.set_adapter("first")
+
+
+@pytest.mark.slow
+def test_checkpoint_tokens_sets_the_checkpointing_threshold_apart_from_the_budget(lora_backend):
+    """Below the micro-batch budget a pass checkpoints only when ``checkpoint_tokens`` says so (its backward then
+    recomputes the layers, hence the adapter check)."""
+    backend = lora_backend
+    sequences, masks = _batch(backend)
+    if "second" not in backend.adapter_names:
+        backend.add_adapter("second", r=4, alpha=8)
+    for checkpoint_tokens, recomputes in ((None, False), (0, True)):
+        backend.checkpoint_tokens = checkpoint_tokens
+        backend.set_adapter("first")
+        scores = backend.token_logprobs(sequences, masks, token_budget=10_000)
+        backend.set_adapter("second")
+        if recomputes:
+            with pytest.raises(RuntimeError, match="call backward before switching adapters"):
+                scores.logprobs.sum().backward()
+        else:
+            scores.logprobs.sum().backward()  # kept activations: nothing is recomputed
+    backend.checkpoint_tokens = None
+    backend.set_adapter("first")
+    with pytest.raises(ValueError, match="checkpoint_tokens must be >= 0"):
+        TransformersBackend("smollm2", checkpoint_tokens=-1)

@@ -256,8 +256,9 @@ class TransformersBackend:
             dropped whenever any weight or the model changes (in-place updates bump parameter version
             counters, so optimizer steps are seen).
         prefix_cache_size: Most sequences held by the prefix cache (least recently used go first).
-        token_budget: Padded tokens per micro-batch of :meth:`token_logprobs`, and the size above which
-            a pass with gradients checkpoints its layers (peak scoring memory grows with it).
+        token_budget: Padded tokens per micro-batch of :meth:`token_logprobs` (peak scoring memory grows with it).
+        checkpoint_tokens: A pass with gradients of more padded tokens than this checkpoints its layers (default:
+            ``token_budget``; 0: every pass with gradients, the least memory for one more forward pass).
     """
 
     def __init__(
@@ -270,13 +271,17 @@ class TransformersBackend:
         prefix_cache: bool = False,
         prefix_cache_size: int = 64,
         token_budget: int = TOKEN_BUDGET,
+        checkpoint_tokens: int | None = None,
     ) -> None:
         torch, transformers = _import_torch_transformers()
         fix_mmap_threshold()  # training steps' freed activations go back to the system (see there)
         dtype = resolve_dtype(dtype, device)
         if token_budget < 1:
             raise ValueError(f"token_budget must be >= 1, got {token_budget}")
+        if checkpoint_tokens is not None and checkpoint_tokens < 0:
+            raise ValueError(f"checkpoint_tokens must be >= 0, got {checkpoint_tokens}")
         self.token_budget = token_budget
+        self.checkpoint_tokens = checkpoint_tokens
         if threads is not None:
             if threads < 1:
                 raise ValueError(f"threads must be >= 1, got {threads}")
@@ -601,7 +606,7 @@ class TransformersBackend:
         (``trl.kernels.ChunkedLogProbFunction``: vocabulary tiles folded into a running log-sum-exp,
         recomputed tile by tile in backward), so no ``[tokens, vocabulary]`` logits exist. Rows are
         scored in micro-batches of at most ``token_budget`` padded tokens (longest first; a longer row
-        alone). With gradients and more than ``token_budget`` padded tokens in all, every decoder layer
+        alone). With gradients and more than ``checkpoint_tokens`` padded tokens in all, every decoder layer
         is checkpointed (transformers' activation checkpointing: only each layer's input is kept, and a
         layer's activations are recomputed in backward, one layer of one micro-batch at a time; one
         more forward pass), so the kept activations shrink ~25x (SmolLM2: ~1.8 MB a token without,
@@ -630,7 +635,8 @@ class TransformersBackend:
         positions = [[t for t in range(1, len(s)) if masks is None or masks[row][t]] for row, s in enumerate(sequences)]
         groups = [g for g in micro_batches([len(s) for s in sequences], budget) if any(positions[i] for i in g)]
         padded = sum(len(g) * max(len(sequences[i]) for i in g) for g in groups)
-        checkpointed = torch.is_grad_enabled() and padded > budget
+        threshold = budget if self.checkpoint_tokens is None else self.checkpoint_tokens
+        checkpointed = torch.is_grad_enabled() and padded > threshold
         with self._checkpointed_layers(checkpointed):
             parts = [self._score_rows([sequences[i] for i in g], [positions[i] for i in g], temperature, checkpointed)
                      for g in groups]
