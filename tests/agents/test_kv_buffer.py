@@ -7,7 +7,7 @@ import torch
 import transformers
 from transformers.cache_utils import DynamicLayer, DynamicSlidingWindowLayer
 
-from simpop.agents.kv_buffer import BufferedLayer, batched_cache
+from simpop.agents.kv_buffer import BufferedLayer, batched_cache, cache_argument
 
 SIZES = dict(num_hidden_layers=2, hidden_size=32, intermediate_size=64, num_attention_heads=4,
              num_key_value_heads=2, vocab_size=50, max_position_embeddings=128)
@@ -64,3 +64,22 @@ def test_generation_from_a_batched_cache_equals_a_full_read(model_class, config_
             assert cached[row].tolist() == full.tolist()
     no_prefix = batched_cache(config, [None, None], 0, 8)  # sliding windows: transformers builds its own
     assert (no_prefix is None) == (layer_type is DynamicSlidingWindowLayer)
+
+
+def test_cache_argument_names_the_installed_transformers_cache_and_the_name_before_5_24():
+    """transformers 5.24 renamed ``past_key_values`` to ``cache`` (arguments and outputs); GPU images and vLLM 0.32's
+    pin have older versions, where passing ``cache=`` to ``generate`` is an error (seen on a GPU machine)."""
+    import peft
+
+    model = transformers.LlamaForCausalLM(transformers.LlamaConfig(**SIZES))
+    name = cache_argument(model)
+    out = model(input_ids=torch.tensor([[1, 2, 3]]), use_cache=True)
+    assert getattr(out, name) is not None and name in {"cache", "past_key_values"}
+    wrapped = peft.get_peft_model(model, peft.LoraConfig(r=2, target_modules=["q_proj"]))
+    assert cache_argument(wrapped) == name  # read through a PEFT wrapper's *args/**kwargs forward
+
+    class Older(torch.nn.Module):
+        def forward(self, input_ids, attention_mask=None, past_key_values=None, use_cache=None):
+            raise NotImplementedError
+
+    assert cache_argument(Older()) == "past_key_values"

@@ -12,6 +12,8 @@ transformers).
 
 from __future__ import annotations
 
+import inspect
+
 import torch
 import transformers
 from transformers.cache_utils import DynamicLayer
@@ -75,6 +77,14 @@ class BufferedLayer(DynamicLayer):
             and view.shape[:2] == buffer.shape[:2]
             and view.stride() == buffer.stride()
         )
+
+
+def cache_argument(model) -> str:
+    """The name transformers gives ``model``'s KV cache, as a ``forward``/``generate`` argument and an output field:
+    ``cache`` from transformers 5.24, ``past_key_values`` before (GPU images and vLLM 0.32's pin have older ones).
+    ``model`` may be PEFT-wrapped."""
+    base = model.get_base_model() if callable(getattr(model, "get_base_model", None)) else model
+    return "cache" if "cache" in inspect.signature(base.forward).parameters else "past_key_values"
 
 
 def batched_cache(

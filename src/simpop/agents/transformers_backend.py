@@ -358,7 +358,7 @@ class TransformersBackend:
         (module docstring); log-probs are then those of the constrained distribution.
         """
         torch, transformers = _import_torch_transformers()
-        from simpop.agents.kv_buffer import batched_cache
+        from simpop.agents.kv_buffer import batched_cache, cache_argument
 
         self._check_prompts(prompts, params)
         cached = self._lookup_prefixes(prompts)
@@ -411,7 +411,7 @@ class TransformersBackend:
                 tokenizer=self.tokenizer,  # needed by transformers' per-sample stop-string criterion
                 logits_processor=processors,
                 stopping_criteria=transformers.StoppingCriteriaList([_StopWhenSet(self.stop_event)]),
-                **({"cache": cache} if cache is not None else {}),
+                **({cache_argument(self.model): cache} if cache is not None else {}),
             )
         new_tokens = out.sequences[:, width:].tolist()
         step_logprobs = None
@@ -431,7 +431,7 @@ class TransformersBackend:
             for row, (prompt, tokens) in enumerate(zip(prompts, new_tokens))
         ]
         if self.prefix_cache:
-            self._store_prefixes(generations, out.cache, attention_mask, width)
+            self._store_prefixes(generations, getattr(out, cache_argument(self.model)), attention_mask, width)
         return generations
 
     # ---------------------------------------------------------------------------- structured output
@@ -521,9 +521,12 @@ class TransformersBackend:
     def _read_prefix(self, view: tuple, tokens: list[int]) -> None:
         """Run the model over ``tokens`` alone and cache their keys and values."""
         torch, _ = _import_torch_transformers()
+        from simpop.agents.kv_buffer import cache_argument
+
         with torch.no_grad():
             out = self.model(input_ids=torch.tensor([tokens], device=self.device), use_cache=True, logits_to_keep=1)
-        self._remember(view, tokens, [(layer.keys[0].clone(), layer.values[0].clone()) for layer in out.cache.layers])
+        cache = getattr(out, cache_argument(self.model))
+        self._remember(view, tokens, [(layer.keys[0].clone(), layer.values[0].clone()) for layer in cache.layers])
 
     def _remember(self, view: tuple, tokens: Sequence[int], kv: LayerCache) -> None:
         key = (view, tuple(tokens))

@@ -396,16 +396,15 @@ def _score_options(backend: Any, items: list[tuple[Chat, Sequence[str]]]) -> lis
 
 def _score_with_cache(model: Any, backend: Any, prompt: list[int], conts: list[list[int]]) -> np.ndarray:
     """Read ``prompt`` once, then score every continuation in one batched pass over its (repeated) KV cache."""
-    import inspect
-
     import torch
 
+    from simpop.agents.kv_buffer import cache_argument
+
     device = next(model.parameters()).device
-    base = model.get_base_model() if callable(getattr(model, "get_base_model", None)) else model
-    cache_arg = "cache" if "cache" in inspect.signature(base.forward).parameters else "past_key_values"
+    cache_arg = cache_argument(model)
     out = model(input_ids=torch.tensor([prompt], device=device), use_cache=True, logits_to_keep=1)
     first = out.logits[0, -1].float().log_softmax(-1)
-    cache = out.cache if getattr(out, "cache", None) is not None else out.past_key_values
+    cache = getattr(out, cache_arg)
     cache.batch_repeat_interleave(len(conts))
     width, n = max(map(len, conts)), len(prompt)
     pad = getattr(backend, "pad_token_id", 0) or 0
