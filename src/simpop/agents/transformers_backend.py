@@ -786,9 +786,8 @@ class TransformersBackend:
             self._adapters_disabled = False
 
     def _is_peft(self) -> bool:
-        from peft import PeftModel  # only reachable once transformers/peft are importable
-
-        return isinstance(self.model, PeftModel)
+        peft = sys.modules.get("peft")  # a model is a PeftModel only once peft was imported (peft is optional here)
+        return peft is not None and isinstance(self.model, peft.PeftModel)
 
     def _check_adapter(self, name: str) -> None:
         if name not in self.adapter_names:
