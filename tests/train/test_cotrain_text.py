@@ -30,6 +30,15 @@ def test_llm_simulator_update_on_shared_rollouts_changes_its_adapter_only():
     assert shared.adapter_names == ["sim0", "sim1"] and [s.adapter for s in sims] == ["sim0", "sim1"]
     trainer = CoTrainer(GRPOTrainer(ENV, policy, None, grpo, env_kwargs=ENV_KWARGS), sims,
                         CoTrainConfig(population_size=2, sim_lr=1e-2, target_success=0.25))
+    # Co-training checkpoints every pass with gradients of the backends it trains; None leaves theirs.
+    assert policy.backend.checkpoint_tokens == shared.checkpoint_tokens == 0
+    shared.checkpoint_tokens = 7
+    CoTrainer(GRPOTrainer(ENV, policy, None, grpo, env_kwargs=ENV_KWARGS), sims,
+              CoTrainConfig(population_size=2, checkpoint_tokens=None))
+    assert (policy.backend.checkpoint_tokens, shared.checkpoint_tokens) == (0, 7)
+    with pytest.raises(ValueError, match="checkpoint_tokens must be >= 0 or None"):
+        CoTrainConfig(checkpoint_tokens=-1)
+    shared.checkpoint_tokens = 0
 
     for sim in sims:
         sim.clear()
