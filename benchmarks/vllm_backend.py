@@ -12,6 +12,9 @@ token-in/token-out vs re-rendered chat; every ratio measured side by side in one
    an OpenAI client does). Prints wall time, prompt tokens, vLLM prefix-cache hits (``/metrics``), tokens
    re-read (prompt tokens not served from the cache) and prompts whose re-rendered ids differ from the ids
    the policy actually generated (drift: the training data would then not be what was sampled).
+4. **LoRA layers.** Section 1's prompts through simpop on a second server started without ``--enable-lora``
+   (what ``simpop eval --sim-generator vllm:launch`` starts: its frozen members use no adapter), after the
+   first (with LoRA serving, as a training server runs) has stopped: two idle engines would share the cores.
 
 Starts a vLLM server on the embedded SmolLM2 (``make vllm-env`` first; ~40-100 s on 2 cores) or uses
 ``--url http://HOST:PORT`` (a server started with ``simpop serve --engine vllm``). Run:
@@ -155,6 +158,16 @@ def main() -> None:
     finally:
         if server is not None:
             server.stop()
+    if server is not None:
+        with VLLMServer("smollm2", dtype=args.dtype, enable_lora=False) as plain:
+            backend = VLLMBackend(plain.base_url, plain.served_name, tokenizer=embedded_model_path())
+            backend.generate_ids(prompts[:2], params)  # warm-up
+            plain_s, plain_out = best_of(args.repeats, lambda: backend.generate_ids(prompts, params))
+        plain_tokens = sum(len(g.token_ids) for g in plain_out)
+        same = [g.token_ids for g in plain_out] == [g.token_ids for g in ours]
+        print(f"4. without LoRA layers {plain_s:7.2f} s  {plain_tokens / plain_s:7.1f} tok/s  ({plain_tokens} tokens); "
+              f"throughput vs section 1's LoRA-serving server: {(plain_tokens / plain_s) / (our_tokens / ours_s):.2f}x; "
+              f"same tokens: {'yes' if same else 'no'}")
 
 
 if __name__ == "__main__":

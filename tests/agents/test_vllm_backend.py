@@ -199,6 +199,12 @@ def test_launcher_finds_python_and_reports_a_failed_start(monkeypatch, tmp_path)
     command = server.command()
     assert command[1:3] == ["-m", "vllm.entrypoints.openai.api_server"] and "--enable-lora" in command
     assert command[command.index("--lora-modules") + 1] == "policy=/a" and "--enable-prefix-caching" in command
+    # the model's own context by default (what the in-process backend allows), else the one asked for
+    assert "--max-model-len" not in command
+    assert VLLMServer(folder, "m", max_model_len=512).command()[-2:] == ["--max-model-len", "512"]
+    assert not {"--enable-lora", "--max-loras"} & set(VLLMServer(folder, "m", enable_lora=False).command())
+    with pytest.raises(ValueError, match="enable_lora"):
+        VLLMServer(folder, "m", loras={"policy": "/a"}, enable_lora=False)
     env = server.environment()
     assert env["VLLM_ALLOW_RUNTIME_LORA_UPDATING"] == "1" and env["VLLM_SERVER_DEV_MODE"] == "1"
     with pytest.raises(VLLMServerError, match="No module named 'vllm'"):

@@ -93,6 +93,16 @@ def test_served_models_serve_local_models_only() -> None:
         ServedModels("nonsense")
 
 
+def test_a_launched_panel_server_serves_no_adapters(monkeypatch) -> None:
+    import simpop.agents.vllm_backend as vllm_backend
+
+    launched = []
+    monkeypatch.setattr(vllm_backend, "load_vllm_backend", lambda model, **kw: launched.append((model, kw)) or model)
+    served = ServedModels("launch")
+    assert served["smollm2"] == "smollm2" and served["smollm2"] == "smollm2"  # one server per model, cached
+    assert launched == [("smollm2", {"enable_lora": False})]
+
+
 def test_cli_refuses_a_bad_sim_generator(tmp_path, capsys) -> None:
     from simpop.cli import main
 

@@ -371,15 +371,16 @@ def build_generator(spec: str, model: str | Path, tokenizer: str | Path, adapter
     return VLLMGenerator(client, adapter, server=server)
 
 
-def load_vllm_backend(target: str, **kwargs: Any) -> VLLMBackend:
+def load_vllm_backend(target: str, enable_lora: bool = True, **kwargs: Any) -> VLLMBackend:
     """The backend of spec ``vllm:<target>``: ``<base_url>#<model>`` (a running server), or a model folder /
-    embedded name (a server is launched for this process and stopped at exit)."""
+    embedded name (a server is launched for this process, with LoRA serving unless ``enable_lora`` is off, and
+    stopped at exit)."""
     if "#" in target and target.startswith(("http://", "https://")):
         base_url, _, model = target.rpartition("#")
         return VLLMBackend(base_url, model, **kwargs)
     from simpop.agents.vllm_server import VLLMServer, resolve_model
 
-    server = VLLMServer(target).start()
+    server = VLLMServer(target, enable_lora=enable_lora).start()
     atexit.register(server.stop)
     return VLLMBackend(server.base_url, server.served_name, tokenizer=resolve_model(target), **kwargs)
 
@@ -391,7 +392,8 @@ class ServedModels(dict):
     ``target`` is what ``--sim-generator vllm:<target>`` names: ``launch`` starts one server per local model (on
     first use, stopped at exit), a URL is a running server (it serves one base model, used for every local model
     asked for). Members on one model share its backend, so they are one server's batch; each request carries its
-    own sampling settings. Other specs (``openai:``, ``vllm:``) and trainable models load as usual.
+    own sampling settings. A launched server serves no adapters (the members it serves are frozen), so it runs
+    without vLLM's LoRA layers. Other specs (``openai:``, ``vllm:``) and trainable models load as usual.
     """
 
     def __init__(self, target: str):
@@ -417,7 +419,7 @@ class ServedModels(dict):
         if model is None:
             raise KeyError(spec)
         if self.target == "launch":
-            backend = load_vllm_backend(model)
+            backend = load_vllm_backend(model, enable_lora=False)
         else:
             base_url = self.target.rstrip("/")
             base_url = base_url if base_url.endswith("/v1") else f"{base_url}/v1"

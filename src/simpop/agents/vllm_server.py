@@ -94,10 +94,13 @@ class VLLMServer:
         port: TCP port (None: a free one).
         api_key: Require this bearer token (None: no key).
         loras: Adapters to load at start, name -> PEFT adapter folder (more load at run time).
+        enable_lora: Serve LoRA adapters (``--enable-lora``); off, the model runs without vLLM's LoRA layers,
+            for a server that only ever generates with its base model (a panel's frozen members).
         max_loras: Adapters held at once in a batch (``--max-loras``).
         max_lora_rank: Largest LoRA rank accepted (``--max-lora-rank``; vLLM accepts 8, 16, 32, 64, ...).
         dtype: ``--dtype`` (``auto``: the checkpoint's; CPUs run ``bfloat16`` or ``float32``).
-        max_model_len: Context length (``--max-model-len``; None: the model's).
+        max_model_len: Context length (``--max-model-len``; None: the model's own, the limit the in-process
+            backend checks, so a dialogue that fits in process fits on the server too).
         kv_cache_gb: KV-cache space on CPU (``VLLM_CPU_KVCACHE_SPACE``; GPUs size it themselves).
         extra_args: More ``api_server`` arguments, passed as given.
         python: The interpreter with vLLM (None: :func:`find_vllm_python`).
@@ -111,11 +114,13 @@ class VLLMServer:
 
     def __init__(self, model: str | Path, served_name: str | None = None, *, host: str = "127.0.0.1",
                  port: int | None = None, api_key: str | None = None, loras: Mapping[str, str] | None = None,
-                 max_loras: int = 4, max_lora_rank: int = 16, dtype: str = "auto", max_model_len: int | None = 4096,
+                 enable_lora: bool = True, max_loras: int = 4, max_lora_rank: int = 16, dtype: str = "auto", max_model_len: int | None = None,
                  kv_cache_gb: float = 1.0, extra_args: Sequence[str] = (), python: str | None = None,
                  startup_timeout_s: float = 600.0, log_path: str | Path | None = None):
         if max_loras < 1 or max_lora_rank < 1:
             raise ValueError(f"max_loras and max_lora_rank must be >= 1, got {max_loras}, {max_lora_rank}")
+        if loras and not enable_lora:
+            raise ValueError(f"adapters {sorted(loras)} need enable_lora=True")
         if startup_timeout_s <= 0:
             raise ValueError(f"startup_timeout_s must be > 0, got {startup_timeout_s}")
         self.python = python or find_vllm_python()
@@ -127,7 +132,7 @@ class VLLMServer:
         self.host, self.port = host, port or free_port(host)
         self.api_key = api_key
         self.loras = dict(loras or {})
-        self.max_loras, self.max_lora_rank = max_loras, max_lora_rank
+        self.enable_lora, self.max_loras, self.max_lora_rank = enable_lora, max_loras, max_lora_rank
         self.dtype, self.max_model_len, self.kv_cache_gb = dtype, max_model_len, kv_cache_gb
         self.extra_args = list(extra_args)
         self.startup_timeout_s = startup_timeout_s
@@ -150,8 +155,9 @@ class VLLMServer:
         """The server's command line."""
         args = [self.python or "python", "-m", "vllm.entrypoints.openai.api_server", "--model", self.model_path,
                 "--served-model-name", self.served_name, "--host", self.host, "--port", str(self.port),
-                "--dtype", self.dtype, "--enable-prefix-caching", "--enable-lora", "--max-loras", str(self.max_loras),
-                "--max-lora-rank", str(self.max_lora_rank), "--logprobs-mode", "processed_logprobs"]
+                "--dtype", self.dtype, "--enable-prefix-caching", "--logprobs-mode", "processed_logprobs"]
+        if self.enable_lora:
+            args += ["--enable-lora", "--max-loras", str(self.max_loras), "--max-lora-rank", str(self.max_lora_rank)]
         if self.max_model_len:
             args += ["--max-model-len", str(self.max_model_len)]
         if self.loras:
