@@ -165,9 +165,9 @@ def main() -> None:
             plain_s, plain_out = best_of(args.repeats, lambda: backend.generate_ids(prompts, params))
         plain_tokens = sum(len(g.token_ids) for g in plain_out)
         same = [g.token_ids for g in plain_out] == [g.token_ids for g in ours]
+        ratio = (plain_tokens / plain_s) / (our_tokens / ours_s)
         print(f"4. without LoRA layers {plain_s:7.2f} s  {plain_tokens / plain_s:7.1f} tok/s  ({plain_tokens} tokens); "
-              f"throughput vs section 1's LoRA-serving server: {(plain_tokens / plain_s) / (our_tokens / ours_s):.2f}x; "
-              f"same tokens: {'yes' if same else 'no'}")
+              f"throughput vs section 1's LoRA-serving server: {ratio:.2f}x; same tokens: {'yes' if same else 'no'}")
 
 
 if __name__ == "__main__":

@@ -114,9 +114,9 @@ class VLLMServer:
 
     def __init__(self, model: str | Path, served_name: str | None = None, *, host: str = "127.0.0.1",
                  port: int | None = None, api_key: str | None = None, loras: Mapping[str, str] | None = None,
-                 enable_lora: bool = True, max_loras: int = 4, max_lora_rank: int = 16, dtype: str = "auto", max_model_len: int | None = None,
-                 kv_cache_gb: float = 1.0, extra_args: Sequence[str] = (), python: str | None = None,
-                 startup_timeout_s: float = 600.0, log_path: str | Path | None = None):
+                 enable_lora: bool = True, max_loras: int = 4, max_lora_rank: int = 16, dtype: str = "auto",
+                 max_model_len: int | None = None, kv_cache_gb: float = 1.0, extra_args: Sequence[str] = (),
+                 python: str | None = None, startup_timeout_s: float = 600.0, log_path: str | Path | None = None):
         if max_loras < 1 or max_lora_rank < 1:
             raise ValueError(f"max_loras and max_lora_rank must be >= 1, got {max_loras}, {max_lora_rank}")
         if loras and not enable_lora:
