@@ -6,7 +6,11 @@ default act-level settings: 8 x 8 dialogues of 10 persuader turns, one torch thr
 update, then times ``--updates`` updates. The two trees alternate ``--repeats`` times (a shared CPU drifts)
 and the best rate of each is reported with the ratio. The children also print a digest of every update's
 training success, policy loss and simulator loss: equal digests mean the two trees trained identically.
-Last, it times one wave of persuadee replies in this checkout, per dialogue vs batched (the part this change
+It also times whole runs, as ``make run`` runs each (condition, seed): 200 updates and 11 evaluations on the panels
+(:func:`~simpop.experiments.collapse.run_one`), each tree in a child process, alternating, with a digest of each
+run's ``metrics.jsonl`` (timings left out): equal digests mean the same run. ``--run-baseline`` names that
+comparison's own baseline (default: the revision before this section was added), ``--runs 0`` skips it.
+And it times one wave of persuadee replies in this checkout, per dialogue vs batched (the part this change
 vectorised; the rest of an update is mostly the env's per-step Python).
 
 The table gives each tree's milliseconds per update too (the goal of issue 29: <= 8 ms at 64 dialogues, on
@@ -34,6 +38,8 @@ from baseline import CHECKOUT, tree  # noqa: E402  (benchmarks/baseline.py)
 
 #: The last commit before the act-level waves were stepped as arrays (issue 29).
 BEFORE_ARRAYS = "be41bef"
+#: The last commit before evaluations kept their envs and verbalized sampling drew over the batch (issue 29).
+BEFORE_RUNS = "f02dce2"
 
 
 def child(condition: str, updates: int, seed: int) -> dict:
@@ -92,10 +98,30 @@ def reply_speed(rows: int = 64, repeats: int = 200) -> list[tuple[float, float, 
     return out
 
 
-def measure(tree: Path, condition: str, updates: int, seed: int) -> dict:
+def child_run(condition: str, seed: int) -> dict:
+    """Time one whole (condition, seed) run of the act-level experiment in this process, as ``make run`` runs it."""
+    import tempfile
+
+    import simpop
+    from simpop.experiments.collapse import CollapseConfig, run_one
+
+    with tempfile.TemporaryDirectory() as out:
+        start = time.perf_counter()
+        run_dir = run_one(CollapseConfig(level="act"), condition, seed, Path(out), False)
+        elapsed = time.perf_counter() - start
+        digest = hashlib.sha256()
+        for line in (run_dir / "metrics.jsonl").read_text().splitlines():
+            record = json.loads(line)
+            digest.update(json.dumps({k: v for k, v in record.items() if not k.endswith("_s")},  # timings differ
+                                     sort_keys=True).encode())
+    return {"seconds": elapsed, "digest": digest.hexdigest()[:12], "simpop": simpop.__file__}
+
+
+def measure(tree: Path, condition: str, updates: int, seed: int, whole_run: bool = False) -> dict:
     env = {**os.environ, "PYTHONPATH": str(tree / "src"), "OMP_NUM_THREADS": "1"}
     out = subprocess.run([sys.executable, __file__, "--child", "--condition", condition, "--updates", str(updates),
-                          "--seed", str(seed)], env=env, cwd=tree, capture_output=True, text=True, check=True)
+                          "--seed", str(seed), *(["--whole-run"] if whole_run else [])],
+                         env=env, cwd=tree, capture_output=True, text=True, check=True)
     result = json.loads(out.stdout.strip().splitlines()[-1])
     if not Path(result["simpop"]).resolve().is_relative_to(tree.resolve()):
         raise RuntimeError(f"child imported simpop from {result['simpop']}, not from {tree}")
@@ -109,14 +135,21 @@ def main() -> None:
     parser.add_argument("--updates", type=int, default=20)
     parser.add_argument("--repeats", type=int, default=2)
     parser.add_argument("--seed", type=int, default=0)
+    parser.add_argument("--run-baseline", default=BEFORE_RUNS, help="the revision or tree the whole runs compare with")
+    parser.add_argument("--runs", type=int, default=1, help="whole runs per condition and tree (0: none)")
     parser.add_argument("--child", action="store_true", help=argparse.SUPPRESS)
     parser.add_argument("--condition", help=argparse.SUPPRESS)
+    parser.add_argument("--whole-run", action="store_true", help=argparse.SUPPRESS)
     args = parser.parse_args()
     if args.child:
-        print(json.dumps(child(args.condition, args.updates, args.seed)))
+        print(json.dumps(child_run(args.condition, args.seed) if args.whole_run
+                         else child(args.condition, args.updates, args.seed)))
         return
     with tree(args.baseline) as baseline:
         compare(args, baseline)
+    if args.runs:
+        with tree(args.run_baseline) as baseline:
+            compare_runs(args, baseline)
 
 
 def compare(args: argparse.Namespace, baseline: Path) -> None:
@@ -140,6 +173,29 @@ def compare(args: argparse.Namespace, baseline: Path) -> None:
     print("\none wave of 64 persuadee replies (this checkout: per-dialogue respond vs respond_batch)")
     for temperature, one, batch in reply_speed():
         print(f"temperature {temperature:g}: {one:.2f} ms vs {batch:.2f} ms, {one / batch:.1f}x")
+
+
+
+def compare_runs(args: argparse.Namespace, baseline: Path) -> None:
+    """The table of whole runs: each condition's best time in the baseline tree and in this checkout."""
+    conditions = ("frozen", "verbalized", "cotrain", "population")
+    print(f"\nwhole (condition, seed {args.seed}) runs as make run runs them (200 updates, 11 evaluations), best of "
+          f"{args.runs} (baseline {args.run_baseline} at {baseline} vs checkout {CHECKOUT})")
+    print(f"load average before: {' '.join(f'{x:.2f}' for x in os.getloadavg())}")
+    print(f"{'condition':<12} {'s before':>9} {'s after':>8} {'ratio':>6}  same run")
+    total = [0.0, 0.0]
+    for condition in conditions:
+        runs: dict[str, list[dict]] = {"baseline": [], "checkout": []}
+        for _ in range(args.runs):
+            for name, folder in (("baseline", baseline), ("checkout", CHECKOUT)):
+                runs[name].append(measure(folder, condition, 0, args.seed, whole_run=True))
+        old = min(r["seconds"] for r in runs["baseline"])
+        new = min(r["seconds"] for r in runs["checkout"])
+        total = [total[0] + old, total[1] + new]
+        same = runs["baseline"][0]["digest"] == runs["checkout"][0]["digest"]
+        print(f"{condition:<12} {old:9.2f} {new:8.2f} {old / new:5.2f}x  {'yes' if same else 'no'}")
+    print(f"{'all four':<12} {total[0]:9.2f} {total[1]:8.2f} {total[0] / total[1]:5.2f}x")
+    print(f"load average after: {' '.join(f'{x:.2f}' for x in os.getloadavg())}")
 
 
 if __name__ == "__main__":

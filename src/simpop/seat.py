@@ -6,7 +6,8 @@ trainers and evaluation all speak the same contract without importing each other
 - :class:`Scenario`: what a benchmark's scenario offers whoever plays the user seat.
 - :class:`Simulator`: whatever fills the user (or teammate) seat, driving many dialogues at once
   through *slots*; :class:`DistributionalSimulator`: one that can state its reply distribution;
-  :class:`Trainable`: one whose parameters a co-trainer updates (with :class:`Scores`).
+  :class:`Trainable`: one whose parameters a co-trainer updates (with :class:`Scores`); :func:`choice_rows`:
+  what each slot's generator picks from its distribution, for many slots at once.
 - :class:`Survey` / :func:`survey_of`: a closing question with fixed options that an env may ask the user
   seat as its last turn (P4G's donation survey); :class:`SurveyAnswerer`: a simulator that answers it as a
   constrained choice.
@@ -166,6 +167,20 @@ class DistributionalSimulator(Protocol):
     def slot_rng(self, slot: int) -> np.random.Generator:
         """The random generator the slot was started with."""
         ...
+
+    # Optional, for speed (:class:`~simpop.simulators.verbalized.Renormalised` uses them when present):
+    # ``distribution_batch(observations, slots) -> [(batch indices, actions, probabilities [n, len(actions)])]``,
+    # :meth:`distribution` of many slots at once in groups sharing their actions (the same numbers; indices in no
+    # group need :meth:`distribution`), and ``commit_batch(observations, slots, actions)``.
+
+
+def choice_rows(p: np.ndarray, u: np.ndarray) -> np.ndarray:
+    """Per row of ``p``, the index ``Generator.choice(len(row), p=row)`` picks when its one ``random()`` draw is
+    ``u[row]`` (it normalises the row's cumulative sums and searches them, side right), for sampling many
+    slots' distributions at once with each slot's own generator."""
+    cdf = np.cumsum(p, axis=1)
+    cdf /= cdf[:, -1:]
+    return (cdf <= u[:, None]).sum(axis=1)
 
 
 # ================================================================================ closing surveys

@@ -11,7 +11,7 @@ import numpy as np
 from simpop.agents.policy import ActPolicy
 from simpop.envs import make
 from simpop.envs.persuasion.simulators import ActPersuadee
-from simpop.evaluation.panel import evaluate, policy_entropy
+from simpop.evaluation.panel import EnvPool, evaluate, policy_entropy
 from simpop.rollout import RolloutEngine
 from simpop.simulators.population import Panel
 
@@ -28,6 +28,31 @@ def test_panel_evaluation_per_member_and_entropy():
     assert evaluate(ENV, policy, panel, episodes=12, seed=5) == result  # same seed, same dialogues
     single = evaluate(ENV, policy, panel["cold"], episodes=12, seed=5)
     assert single.per_member == {"cold": result.per_member["cold"]}
+
+
+class _Waved(ActPolicy):
+    """An act policy that asks for its wave's envs, so its dialogues step env by env (not as arrays)."""
+
+    def begin_wave(self, envs):
+        self.envs = envs
+
+
+@pytest.mark.parametrize("stepping", ["arrays", "env by env"])
+def test_a_kept_pool_and_outcomes_only_give_what_fresh_envs_give(stepping):
+    """Envs reused from an earlier evaluation (left at the end of other dialogues) give the same dialogues as
+    fresh envs, and ``records=False`` the same outcomes without records."""
+    panel = Panel([ActPersuadee(temperature=0.7, name="cold"), ActPersuadee(temperature=1.5, name="hot")])
+    policy = (ActPolicy if stepping == "arrays" else _Waved).for_env(make(ENV), seed=0)
+    kwargs = {"max_turns": 6}
+    pool = EnvPool(lambda: make(ENV, **kwargs))
+    evaluate(ENV, policy, ActPersuadee(decoding="greedy", name="other"), 20, seed=1, env_kwargs=kwargs, pool=pool)
+    kept = evaluate(ENV, policy, panel, 12, seed=5, env_kwargs=kwargs, pool=pool)
+    fresh = evaluate(ENV, policy, panel, 12, seed=5, env_kwargs=kwargs)
+    assert kept == fresh and len(pool.envs) == 20
+    assert [r.to_json() for r in kept.records] == [r.to_json() for r in fresh.records]
+    assert fresh.outcomes == [r.success for r in fresh.records] and 0 < sum(fresh.outcomes) < 24
+    bare = evaluate(ENV, policy, panel, 12, seed=5, env_kwargs=kwargs, pool=pool, records=False)
+    assert bare == fresh and bare.records == []
 
 
 def test_episodes_must_be_positive():

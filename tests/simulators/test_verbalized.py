@@ -359,3 +359,17 @@ def test_any_document_valid_for_the_schema_parses_without_format_repair(pairs, s
     distinct = {" ".join(t.split()).casefold() for t, _ in pairs}
     assert len(result.candidates) == len(distinct)
     assert set(result.repairs) <= {"rescaled", "merged_duplicates"}
+
+
+def test_renormalise_rows_is_renormalise_row_by_row():
+    from simpop.simulators.verbalized import renormalise_rows
+
+    rng = np.random.default_rng(0)
+    for k in (1, 2, 5, 8, 17):
+        p = rng.dirichlet(np.ones(k), size=50) * rng.uniform(0.5, 2.0, size=(50, 1))
+        p[0, 0] = 0.0 if k > 1 else p[0, 0]  # a zero probability (a row of one keeps its mass)
+        for floor, tau in ((0.0, 1.0), (0.01, 0.2), (0.3, 3.0)):
+            rows = renormalise_rows(p, floor, tau)
+            assert [r.tolist() for r in rows] == [renormalise(list(row), floor, tau) for row in p]
+    with pytest.raises(ValueError, match="not all zero"):
+        renormalise_rows(np.array([[0.5, 0.5], [0.0, 0.0]]), 0.0, 1.0)

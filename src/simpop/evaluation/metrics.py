@@ -10,6 +10,7 @@ installed, the same scalars as TensorBoard events.
 
 from __future__ import annotations
 
+import functools
 import json
 import math
 from collections.abc import Callable, Iterable, Sequence
@@ -105,10 +106,12 @@ def bootstrap_ci(samples: Sequence[Sequence[float]], statistic: Callable[..., fl
     return float(statistic(*arrays)), float(lo), float(hi)
 
 
+@functools.lru_cache(maxsize=256)
 def student_t_quantile(q: float, df: int) -> float:
     """The ``q`` quantile of Student's t with ``df`` degrees of freedom (``q`` in (0.5, 1)).
 
-    Bisection on the CDF, written out so that confidence intervals need no scipy.
+    Bisection on the CDF, written out so that confidence intervals need no scipy; cached (a report asks for
+    the same few quantiles a thousand times).
     """
     if not 0.5 < q < 1 or df < 1:
         raise ValueError(f"need 0.5 < q < 1 and df >= 1, got q={q}, df={df}")

@@ -43,7 +43,9 @@ class EvalResult:
         episodes: Dialogues run in total.
         ci: Wilson 95% interval of ``success``.
         per_member_ci: Wilson 95% interval of each member's success.
-        records: Every dialogue, member by member (not compared by ``==``).
+        outcomes: Every dialogue's success, member by member (the order of ``records``).
+        records: Every dialogue, member by member (not compared by ``==``); empty when
+            :func:`evaluate` was asked for none.
     """
 
     success: float
@@ -52,6 +54,7 @@ class EvalResult:
     episodes: int = 0
     ci: tuple[float, float] = (math.nan, math.nan)
     per_member_ci: dict[str, tuple[float, float]] = field(default_factory=dict)
+    outcomes: list[bool] = field(default_factory=list)
     records: list[EpisodeRecord] = field(default_factory=list, compare=False, repr=False)
 
 
@@ -63,7 +66,8 @@ def policy_entropy(policy: Any, trajectories: list[Trajectory]) -> float:
 
 
 def evaluate(env_id: str, policy: Any, simulators: Panel | Mapping[str, Simulator] | Simulator, episodes: int,
-             seed: int = 0, env_kwargs: dict[str, Any] | None = None) -> EvalResult:
+             seed: int = 0, env_kwargs: dict[str, Any] | None = None, *, pool: EnvPool | None = None,
+             records: bool = True) -> EvalResult:
     """Run ``episodes`` dialogues against each simulator and summarise them.
 
     Args:
@@ -73,31 +77,40 @@ def evaluate(env_id: str, policy: Any, simulators: Panel | Mapping[str, Simulato
         episodes: Dialogues per simulator (distinct scenarios while the env has enough).
         seed: Seeds scenario choice, env resets and the policy's sampling (same seed, same dialogues).
         env_kwargs: Env constructor arguments.
+        pool: Envs of ``env_id`` (with ``env_kwargs``) to run in, kept by a caller that evaluates again and again
+            (every dialogue resets its env, so results are the same as with fresh envs); None: fresh envs.
+        records: Keep an :class:`EpisodeRecord` (transcript included) per dialogue; False keeps only the
+            outcomes, for callers that read nothing else.
     """
     if episodes < 1:
         raise ValueError(f"episodes must be >= 1, got {episodes}")
     members = (dict(simulators.members) if isinstance(simulators, Panel)
                else dict(simulators) if isinstance(simulators, Mapping) else {simulators.name: simulators})
-    from simpop.envs.registration import make
+    if pool is None:
+        from simpop.envs.registration import make
 
-    pool = EnvPool(lambda: make(env_id, **(env_kwargs or {})))
-    per_member, per_member_ci, everything, records = {}, {}, [], []
+        pool = EnvPool(lambda: make(env_id, **(env_kwargs or {})))
+    result = EvalResult(math.nan)
+    everything: list[Trajectory] = []
     for name, simulator in members.items():
         engine = RolloutEngine(pool.factory(), policy, simulator)
         begin_wave(policy, pool.take(episodes))  # collect runs all ``episodes`` dialogues as one wave
         trajectories = engine.collect(episodes, group_size=1, seed=seed)
-        wins = sum(t.success for t in trajectories)
-        per_member[name] = float(np.mean([t.success for t in trajectories]))
-        per_member_ci[name] = wilson_ci(wins, len(trajectories))[1:]
-        seen: dict[str, int] = {}  # a scenario drawn again (more episodes than scenarios) is its next trial
-        for i, t in enumerate(trajectories):
-            records.append(episode_record(t, pool.envs[i], member=name, index=i, trial=seen.get(t.scenario_id, 0)))
-            seen[t.scenario_id] = seen.get(t.scenario_id, 0) + 1
+        outcomes = [bool(t.success) for t in trajectories]
+        result.per_member[name] = float(np.mean(outcomes))
+        result.per_member_ci[name] = wilson_ci(sum(outcomes), len(outcomes))[1:]
+        result.outcomes += outcomes
+        if records:
+            seen: dict[str, int] = {}  # a scenario drawn again (more episodes than scenarios) is its next trial
+            for i, t in enumerate(trajectories):
+                result.records.append(episode_record(t, pool.envs[i], member=name, index=i,
+                                                     trial=seen.get(t.scenario_id, 0)))
+                seen[t.scenario_id] = seen.get(t.scenario_id, 0) + 1
         everything += trajectories
-    wins = sum(t.success for t in everything)
-    return EvalResult(float(np.mean([t.success for t in everything])), per_member,
-                      policy_entropy(policy, everything), len(everything), wilson_ci(wins, len(everything))[1:],
-                      per_member_ci, records)
+    result.success, result.episodes = float(np.mean(result.outcomes)), len(result.outcomes)
+    result.ci = wilson_ci(sum(result.outcomes), result.episodes)[1:]
+    result.entropy = policy_entropy(policy, everything)
+    return result
 
 
 # ---------------------------------------------------------------------------------------------- per episode

@@ -209,6 +209,7 @@ def run_one(config: AdaptiveConfig, condition: str, seed: int, out: Path, resume
 
     from simpop import checkpoint
     from simpop.envs.registration import make
+    from simpop.evaluation.panel import EnvPool
     from simpop.experiments import conditions
     from simpop.train.loop import LoopConfig, run
 
@@ -228,10 +229,11 @@ def run_one(config: AdaptiveConfig, condition: str, seed: int, out: Path, resume
         heldout.check_disjoint([trainer.training_simulator])
         eval_seed = 1_000_003 + seed
         batch = config.grpo.batch_size
+        envs = EnvPool(lambda: make(ENV_ID, **env_kwargs))  # one set of envs for every evaluation
 
         def evaluation(step: int) -> dict[str, Any]:
             record, _, _ = conditions.evaluate_run(ENV_ID, trainer, heldout, config.eval_episodes, eval_seed,
-                                                 env_kwargs)
+                                                 env_kwargs, envs)
             grower = getattr(trainer, "grower", None)
             probes = grower.probe_dialogues if grower is not None else 0
             pool = trainer.training_simulator

@@ -82,7 +82,7 @@ import numpy as np
 from simpop.experiments.conditions import (COTRAINED, CORPUS_PANEL_TEMPERATURES, PANEL_JITTER, PANEL_TEMPERATURES,
                                            ROBUST_PANEL_TEMPERATURES, TEXT_PANEL_LLM_TEMPERATURES, CollapseConfig,
                                            build_panel, build_trainer, condition_cotrain, evaluate_run, extra_panels,
-                                           read_records, shared_model_members, simulator_backends,
+                                           read_records, shared_model_members, simulator_backends, simulator_specs,
                                            write_card)
 from simpop.train.cotrain import CoTrainConfig
 from simpop.train.config import changed_settings, to_dict
@@ -100,6 +100,7 @@ def run_one(config: CollapseConfig, condition: str, seed: int, out: Path, resume
 
     from simpop import checkpoint
     from simpop.envs.registration import make
+    from simpop.evaluation.panel import EnvPool, evaluate
     from simpop.train.loop import LoopConfig, run
 
     run_dir = out / "runs" / condition / f"seed{seed}"
@@ -121,20 +122,19 @@ def run_one(config: CollapseConfig, condition: str, seed: int, out: Path, resume
         for extra in extras.values():
             extra.check_disjoint([trainer.training_simulator])
         eval_seed = 1_000_003 + seed  # the same dialogues at every evaluation, for every condition
+        pool = EnvPool(lambda: make(config.env_id, **config.env_kwargs()))  # one set of envs for every evaluation
 
         def evaluation(step: int) -> dict[str, Any]:
-            from simpop.evaluation.panel import evaluate
-
             record, held, train = evaluate_run(config.env_id, trainer, panel, config.eval_episodes, eval_seed,
-                                               config.env_kwargs())
+                                               config.env_kwargs(), pool)
             # per dialogue, in a fixed order (the same scenarios and seeds at every evaluation)
-            record = {**record, "heldout_outcomes": [int(r.success) for r in held.records],
-                      "train_outcomes": [int(r.success) for r in train.records]}
+            record = {**record, "heldout_outcomes": [int(s) for s in held.outcomes],
+                      "train_outcomes": [int(s) for s in train.outcomes]}
             for name, extra in extras.items():
                 result = evaluate(config.env_id, trainer.policy, extra, config.eval_episodes, eval_seed,
-                                  config.env_kwargs())
+                                  config.env_kwargs(), pool=pool, records=False)
                 record.update({f"{name}_success": result.success,
-                               f"{name}_outcomes": [int(r.success) for r in result.records],
+                               f"{name}_outcomes": [int(s) for s in result.outcomes],
                                **{f"{name}/{k}": v for k, v in result.per_member.items()}})
             if step == config.updates and config.level == "act":  # after training: nothing later depends on it
                 record.update(training_realism(trainer.training_simulator, eval_seed))
@@ -394,6 +394,8 @@ def run_collapse(config: CollapseConfig, out: str | Path, resume: bool = False, 
                              f"resume with the same flags or use another --out")
     config_path.write_text(json.dumps(saved, indent=2))
     tasks = [(c, s) for s in config.seed_list for c in config.conditions]
+    # Runs that co-train more simulators take longer: they start first, so that the last to finish are short.
+    tasks.sort(key=lambda task: -len(simulator_specs(task[0], config)) * (task[0].partition("+")[0] in COTRAINED))
     started = time.perf_counter()
     bar = Progress(len(tasks) * config.updates, progress)
     if config.workers == 1 or len(tasks) == 1:

@@ -369,14 +369,17 @@ def build_panel(config: CollapseConfig, env: Any, backends: dict[str, Any] | Non
                       simulator_backends(config) if backends is None else backends)
 
 
-def evaluate_run(env_id: str, trainer: Any, panel: Any, episodes: int, seed: int,
-                 env_kwargs: dict[str, Any]) -> tuple[dict[str, Any], Any, Any]:
+def evaluate_run(env_id: str, trainer: Any, panel: Any, episodes: int, seed: int, env_kwargs: dict[str, Any],
+                 pool: Any = None) -> tuple[dict[str, Any], Any, Any]:
     """One evaluation of a run: the policy on the held-out ``panel`` and on its own training simulator (the same
-    dialogues: ``seed``); the record's success, gap and entropy fields, and both results."""
+    dialogues: ``seed``); the record's success, gap and entropy fields, and both results (outcomes, no episode
+    records). ``pool``: the run's :class:`~simpop.evaluation.panel.EnvPool`, reused from one evaluation to the
+    next."""
     from simpop.evaluation.panel import evaluate
 
-    held = evaluate(env_id, trainer.policy, panel, episodes, seed, env_kwargs)
-    train = evaluate(env_id, trainer.policy, trainer.training_simulator, episodes, seed, env_kwargs)
+    held = evaluate(env_id, trainer.policy, panel, episodes, seed, env_kwargs, pool=pool, records=False)
+    train = evaluate(env_id, trainer.policy, trainer.training_simulator, episodes, seed, env_kwargs, pool=pool,
+                     records=False)
     record = {"heldout_success": held.success, "train_success": train.success,
               "collapse_gap": train.success - held.success, "policy_entropy": held.entropy,
               **{f"heldout/{k}": v for k, v in held.per_member.items()}}

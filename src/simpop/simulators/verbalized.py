@@ -41,7 +41,7 @@ from typing import Any
 import numpy as np
 
 from simpop.agents.base import Backend, SamplingParams
-from simpop.seat import BuildContext, DistributionalSimulator, Simulator, SimulatorSpec, Survey
+from simpop.seat import BuildContext, DistributionalSimulator, Simulator, SimulatorSpec, Survey, choice_rows
 from simpop.simulators.llm import FALLBACK_REPLY, LLMSimulator, choice_probabilities, env_format, sampling
 from simpop.simulators.registry import inner_or_none
 
@@ -239,18 +239,23 @@ def renormalise(probabilities: Sequence[float], floor: float, tau: float) -> lis
         floor: Minimum probability before tempering, in [0, 1): keeps unlikely candidates alive.
         tau: Temperature > 0: 1 keeps the stated shape, < 1 sharpens it, > 1 flattens it.
     """
+    return [float(x) for x in renormalise_rows(np.asarray([probabilities], dtype=float), floor, tau)[0]]
+
+
+def renormalise_rows(probabilities: np.ndarray, floor: float, tau: float) -> np.ndarray:
+    """:func:`renormalise` of each row of ``probabilities`` ``[n, k]``, elementwise the same operations."""
     if not 0 <= floor < 1:
         raise ValueError(f"floor must be in [0, 1), got {floor}")
     if tau <= 0:
         raise ValueError(f"tau must be > 0, got {tau}")
     p = np.asarray(probabilities, dtype=float)
-    if p.size == 0 or (p < 0).any() or not np.isfinite(p).all() or p.sum() <= 0:
-        raise ValueError(f"probabilities must be finite, non-negative and not all zero, got {list(p)}")
-    p = np.maximum(p / p.sum(), floor)
+    if p.size == 0 or (p < 0).any() or not np.isfinite(p).all() or (p.sum(axis=1) <= 0).any():
+        raise ValueError(f"probabilities must be finite, non-negative and not all zero, got {p.tolist()}"[:300])
+    p = np.maximum(p / p.sum(axis=1, keepdims=True), floor)
     with np.errstate(divide="ignore"):
         logits = np.log(p) / tau
-    q = np.exp(logits - logits.max())
-    return [float(x) for x in q / q.sum()]
+    q = np.exp(logits - logits.max(axis=1, keepdims=True))
+    return q / q.sum(axis=1, keepdims=True)
 
 
 def _bump(repairs: dict[str, int], key: str, n: int = 1) -> None:
@@ -572,6 +577,8 @@ class Renormalised(Simulator):
     Each reply is drawn from ``renormalise(p, floor, tau)`` of the inner simulator's
     :meth:`~simpop.seat.DistributionalSimulator.distribution`, with the slot's own generator; the inner
     simulator then :meth:`~simpop.seat.DistributionalSimulator.commit`\ s the chosen reply.
+    Where the inner simulator states many slots' distributions at once (``distribution_batch``, e.g. the
+    act-level P4G persuadee), a batch is renormalised and drawn as arrays, with the same numbers and draws.
 
     Args:
         inner: The simulator whose distribution is renormalised.
@@ -598,13 +605,28 @@ class Renormalised(Simulator):
         self.inner.reset_batch(scenarios, rngs)
 
     def act_batch(self, observations: list[Any], slots: list[int]) -> list[Any]:
-        actions = []
-        for observation, slot in zip(observations, slots, strict=True):
+        if len(observations) != len(slots):
+            raise ValueError(f"got {len(observations)} observations for {len(slots)} slots")
+        actions: list[Any] = [None] * len(slots)
+        left: list[int] = list(range(len(slots)))
+        batch = getattr(self.inner, "distribution_batch", None)
+        if batch is not None:  # all slots' distributions at once: the same numbers and draws as one by one
+            done: list[int] = []
+            for rows, options, probs in batch(observations, slots):
+                u = np.array([self.inner.slot_rng(slots[i]).random() for i in rows])
+                for i, c in zip(rows.tolist(), choice_rows(renormalise_rows(probs, self.floor, self.tau), u).tolist()):
+                    actions[i] = options[c]
+                done += rows.tolist()
+            if done:
+                self.inner.commit_batch([observations[i] for i in done], [slots[i] for i in done],  # type: ignore[attr-defined]
+                                        [actions[i] for i in done])
+                left = sorted(set(left) - set(done))
+        for i in left:
+            observation, slot = observations[i], slots[i]
             options = self.inner.distribution(observation, slot)
             p = renormalise([q for _, q in options], self.floor, self.tau)
-            action = options[int(self.inner.slot_rng(slot).choice(len(p), p=p))][0]
-            self.inner.commit(observation, slot, action)
-            actions.append(action)
+            actions[i] = options[int(self.inner.slot_rng(slot).choice(len(p), p=p))][0]
+            self.inner.commit(observation, slot, actions[i])
         return actions
 
     def distribution(self, observation: Any, slot: int = 0) -> list[tuple[Any, float]]:

@@ -339,7 +339,8 @@ def resolve_panel(panel: str, env_id: str) -> str:
 
 def panel_evaluation(args: argparse.Namespace, env: Any, trainer: Any, kwargs: dict[str, Any], panel_ref: str):
     """``evaluate(step)``: success on the ``--panel`` members and on the training simulator, policy entropy."""
-    from simpop.evaluation.panel import evaluate
+    from simpop.envs.registration import make
+    from simpop.evaluation.panel import EnvPool, evaluate
     from simpop.evaluation.panels import load_named_panel, named_panels
     from simpop.simulators.registry import load_panel
 
@@ -350,10 +351,13 @@ def panel_evaluation(args: argparse.Namespace, env: Any, trainer: Any, kwargs: d
     if trainer.training_simulator is not None:
         panel.check_disjoint([trainer.training_simulator])
 
+    pool = EnvPool(lambda: make(args.env, **kwargs))  # one set of envs for every evaluation
+
     def evaluation(step: int) -> dict[str, Any]:
-        held = evaluate(args.env, trainer.policy, panel, args.eval_episodes, seed=1_000_003, env_kwargs=kwargs)
+        held = evaluate(args.env, trainer.policy, panel, args.eval_episodes, seed=1_000_003, env_kwargs=kwargs,
+                        pool=pool, records=False)
         train = evaluate(args.env, trainer.policy, trainer.training_simulator, args.eval_episodes, seed=1_000_003,
-                         env_kwargs=kwargs)
+                         env_kwargs=kwargs, pool=pool, records=False)
         return {"heldout_success": held.success, "train_success": train.success,
                 "collapse_gap": train.success - held.success, "policy_entropy": held.entropy,
                 **{f"heldout/{k}": v for k, v in held.per_member.items()}}

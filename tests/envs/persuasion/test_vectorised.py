@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import dataclasses
+
 import numpy as np
 import pytest
 import torch
@@ -154,3 +156,67 @@ def _old_reply(sim: ActPersuadee, slot: int, act: str):
     outcome = sim.model.respond(state, act, sim._slots[slot].rng, sim.temperature)
     sim._states[slot] = state
     return outcome
+
+
+@pytest.mark.parametrize("temperature", [0.5, 1.0, 1.3])
+def test_distribution_batch_gives_distributions_numbers_exactly(temperature):
+    """Grouped by outcomes, the batch lists each row's :meth:`distribution` bit for bit; a saturated row (an
+    outcome of probability exactly 0, which distribution leaves out) is in no group."""
+    model = PersuadeeModel(PersuadeeParams(intercept=0.3))
+    pairs = _states(model, 400, seed=4)
+    pairs[7] = (dataclasses.replace(pairs[7][0], inclination=800.0), "ask-donation-amount")  # P(refuse) == 0
+    incl = np.array([s.inclination for s, _ in pairs])
+    groups = model.distribution_batch(incl, [a for _, a in pairs], temperature)
+    seen = []
+    for rows, outcomes, probs in groups:
+        for row, p in zip(rows.tolist(), probs):
+            state, act = pairs[row]
+            assert list(zip(outcomes, p.tolist())) == model.distribution(state, act, temperature)
+            seen.append(row)
+    assert sorted(seen) == [i for i in range(len(pairs)) if i != 7]
+    assert len(groups) == 3  # both decision verbs and the other acts were drawn
+    assert model.distribution_batch(incl, [a for _, a in pairs], 0.0) == []
+
+
+class _OneByOne(ActPersuadee):
+    """The persuadee without its batched distribution: verbalized sampling asks it slot by slot."""
+
+    distribution_batch = None  # type: ignore[assignment]
+
+
+@pytest.mark.parametrize("floor,tau", [(0.01, 1.0), (0.0, 0.3), (0.05, 2.0)])
+def test_renormalised_over_the_batch_draws_what_slot_by_slot_draws(floor, tau):
+    from simpop.simulators.verbalized import Renormalised
+
+    trajectories = []
+    for inner in (_OneByOne(temperature=1.0), ActPersuadee(temperature=1.0)):
+        engine = RolloutEngine(ENV, ActPolicy(1, 2), Renormalised(inner, floor=floor, tau=tau),
+                               env_kwargs={"max_turns": 10})
+        engine.policy = ActPolicy.for_env(engine.env_pool(1)[0], seed=5)
+        trajectories.append(engine.collect(8, group_size=8, seed=13))
+    old, new = trajectories
+    for a, b in zip(old, new, strict=True):
+        assert (a.actions, a.rewards, a.success, a.terminated) == (b.actions, b.rewards, b.success, b.terminated)
+    assert sum(t.terminated for t in new) > 8  # many decisions were drawn, not only other replies
+
+
+def test_renormalised_batch_falls_back_slot_by_slot_where_a_probability_is_zero():
+    """A slot whose distribution lost an outcome to saturation is drawn one by one, in the same batch as the
+    others, with the same draws as an all-slot-by-slot simulator."""
+    from simpop.simulators.verbalized import Renormalised
+
+    sims = [Renormalised(inner) for inner in (_OneByOne(temperature=1.0), ActPersuadee(temperature=1.0))]
+    personas = PersonaSampler().sample_many(4, np.random.default_rng(0))
+    scenarios = [type("S", (), {"persona": p, "id": str(i)})() for i, p in enumerate(personas)]
+    observations = []
+    for act in ("greeting", "ask-donation-amount", "credibility-appeal", "proposition-of-donation"):
+        obs = np.zeros(2 * len(PERSUADER_ACTS) + 3, np.float32)
+        obs[PERSUADER_ACTS.index(act)] = 1.0
+        observations.append(obs)
+    replies = []
+    for sim in sims:
+        sim.reset_batch(scenarios, [np.random.default_rng([1, i]) for i in range(4)])
+        sim.inner._states.inclination[1] = 800.0  # slot 1 is asked and certain to give: P(refuse) == 0
+        replies.append([sim.act_batch(observations, [0, 1, 2, 3]), [sim.slot_rng(i).random() for i in range(4)]])
+        replies[-1].append([sim.inner.state(i) for i in range(4)])
+    assert replies[0] == replies[1]

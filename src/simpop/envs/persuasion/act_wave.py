@@ -7,7 +7,7 @@ rewards and termination for all the dialogues at once. What it produces is exact
 would: the same observations (float32, bit for bit), actions, per-step rewards and policy-seat infos
 (:meth:`episode`), the same generators handed to the simulator, and, when the wave ends, envs in the state
 ``env.step`` would have left them (:meth:`finish`: transcript, counts, outcome), so callers that read an env
-after its dialogue (evaluation records) see no difference. ``tests/test_act_wave.py`` checks this against
+after its dialogue (evaluation records) see no difference. ``tests/envs/persuasion/test_act_wave.py`` checks this against
 the per-env path under several seeds.
 
 Seats are numbered 0 (the persuader, the policy) and 1 (the persuadee); ``to_act`` is -1 once a dialogue is
@@ -84,6 +84,7 @@ class ActWave:
         #: (row, step) -> why the action was rejected; (row, step) -> an action that is not a plain int, as given.
         self.errors: dict[tuple[int, int], str] = {}
         self.raw: dict[tuple[int, int], Any] = {}
+        self._errors_by_row: dict[int, list[tuple[int, str]]] | None = None
 
     def user_rngs(self) -> list[np.random.Generator]:
         """Each row's user-seat generator (``env.user_rng()``), for the simulator's ``reset_batch``."""
@@ -153,6 +154,7 @@ class ActWave:
             else:
                 ok[j] = False
                 self.errors[row, step] = f"action must be an int in [0, {n}), got {action!r}"
+                self._errors_by_row = None
                 if seat == USER:
                     logger.debug("user-seat action rejected (%s): %.200r", self.errors[row, step], action)
         return codes, ok
@@ -183,15 +185,24 @@ class ActWave:
                "outcome_source": "decided_in_dialogue" if terminated else None}
         infos.append({"to_act": None, **base, **end})
         user_rejected = 0
-        for (r, step), error in self.errors.items():
-            if r == row and seats[step] == POLICY:
+        for step, error in self._errors_of(row):
+            if seats[step] == POLICY:
                 infos[step]["invalid_action"] = error
-            elif r == row:
+            else:
                 user_rejected += 1
         return {"observations": observations, "actions": actions,
                 "rewards": {self.seats[POLICY]: [0.0] * (n - 1) + [reward], self.seats[USER]: [0.0] * n},
                 "total_reward": reward, "success": reward > 0, "infos": infos, "terminated": terminated,
                 "truncated": not terminated, "user_rejected": user_rejected}
+
+    def _errors_of(self, row: int) -> list[tuple[int, str]]:
+        """Row ``row``'s rejected actions, ``[(step, why)]`` (grouped once per wave: ``errors`` is keyed by row and
+        step)."""
+        if self._errors_by_row is None:
+            self._errors_by_row = {}
+            for (r, step), error in self.errors.items():
+                self._errors_by_row.setdefault(r, []).append((step, error))
+        return self._errors_by_row.get(row, [])
 
     def finish(self) -> None:
         """Leave every env as stepping it would have, also when the wave stopped early (a policy or simulator

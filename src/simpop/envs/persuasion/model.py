@@ -40,6 +40,7 @@ import numpy as np
 from simpop.envs.persuasion.acts import (ASKING_ACTS, DECISION_ACTS, INQUIRIES, PERSUADEE_ACTS, PERSUADER_ACTS,
                                          STRATEGIES)
 from simpop.envs.persuasion.personas import Persona, PersonaSampler
+from simpop.seat import choice_rows
 
 #: Donation amounts a donor chooses between (the corpus's common amounts, in dollars).
 AMOUNT_LEVELS = (0.05, 0.10, 0.25, 0.50, 1.00, 1.50, 2.00)
@@ -279,6 +280,12 @@ IS_RAPPORT = np.array([a in RAPPORT_ACTS for a in PERSUADER_ACTS])
 _APPEAL_INDEX = np.array([_ER_INDEX[a] for a in APPEALS])
 #: Persuadee acts a non-decision turn can answer with (every other act has probability 0 there).
 _RESPONSE_SUPPORT = np.flatnonzero(~_DECISION_MASK)
+#: The outcomes :meth:`PersuadeeModel.distribution` lists, in its order: per decision verb, donating each amount
+#: level, then refusing; on other turns, the non-decision acts.
+_DECISION_OUTCOMES: dict[str, tuple[Outcome, ...]] = {
+    verb: (*((verb, float(a)) for a in AMOUNT_LEVELS), ("disagree-donation", 0.0))
+    for verb in ("provide-donation-amount", "agree-donation")}
+_RESPONSE_OUTCOMES: tuple[Outcome, ...] = tuple((PERSUADEE_ACTS[j], None) for j in _RESPONSE_SUPPORT)
 
 
 class PersuadeeModel:
@@ -426,21 +433,59 @@ class PersuadeeModel:
             out[i] = self.respond(states[i], acts[i], rngs[i], temperature)
         return out  # type: ignore[return-value]
 
+    def distribution_batch(self, incl: np.ndarray, acts: Sequence[str], temperature: float = 1.0
+                           ) -> list[tuple[np.ndarray, tuple[Outcome, ...], np.ndarray]]:
+        """:meth:`distribution` of many states at once (inclinations ``incl``, each state already including its
+        act in ``acts``), the same numbers, as groups of rows with the same outcomes: ``(rows, outcomes,
+        probabilities [len(rows), len(outcomes)])``. Rows whose distribution has a zero (greedy, or underflow:
+        :meth:`distribution` leaves those outcomes out) are in no group."""
+        if temperature < 0:
+            raise ValueError(f"temperature must be >= 0 (0 = greedy), got {temperature}")
+        if temperature == 0:
+            return []
+        groups = []
+        asking = np.array([a in ASKING_ACTS for a in acts], dtype=bool)
+        amount = np.array([a == "ask-donation-amount" for a in acts], dtype=bool)
+        for rows, outcomes in ((np.flatnonzero(amount), _DECISION_OUTCOMES["provide-donation-amount"]),
+                               (np.flatnonzero(asking & ~amount), _DECISION_OUTCOMES["agree-donation"])):
+            if rows.size:
+                groups.append((rows, outcomes, self._decision_probabilities(incl[rows], temperature)))
+        rows = np.flatnonzero(~asking)
+        if rows.size:
+            groups.append((rows, _RESPONSE_OUTCOMES, self._response_probabilities(incl[rows], acts, rows, temperature)))
+        return [(rows[ok], outcomes, probs[ok]) for rows, outcomes, probs in groups
+                if (ok := (probs > 0).all(axis=1)).any()]
+
+    def _amount_logits_rows(self, z: np.ndarray) -> np.ndarray:
+        return self._amount_logits + (self.params.amount_shift + self.params.amount_slope * z)[:, None] * _U
+
+    def _decision_probabilities(self, z: np.ndarray, temperature: float) -> np.ndarray:
+        """Per row (inclination ``z``), donating each of :data:`AMOUNT_LEVELS`, then refusing (temperature > 0)."""
+        amounts = _softmax_rows(self._amount_logits_rows(z), temperature)
+        donate = np.array([_sigmoid(float(x) / temperature) for x in z])  # math.exp, as respond
+        return np.concatenate([donate[:, None] * amounts, (1.0 - donate)[:, None]], axis=1)
+
+    def _response_logits(self, incl: np.ndarray, acts: Sequence[str], rows: np.ndarray) -> np.ndarray:
+        logits = (self._responses[[_ER_INDEX[acts[i]] for i in rows]]
+                  + self.params.sentiment_slope * incl[:, None] * _SENTIMENT_SIGN)
+        return np.where(_DECISION_MASK, -np.inf, logits)
+
+    def _response_probabilities(self, incl: np.ndarray, acts: Sequence[str], rows: np.ndarray,
+                                temperature: float) -> np.ndarray:
+        """Per row (inclination ``incl``, act ``acts[rows[k]]``), each act of the non-decision support."""
+        return _softmax_rows(self._response_logits(incl, acts, rows), temperature)[:, _RESPONSE_SUPPORT]
+
     def _decisions_batch(self, rows: np.ndarray, incl: np.ndarray, acts: Sequence[str],
                          rngs: Sequence[np.random.Generator], temperature: float, out: list) -> None:
         """Decision replies of ``rows`` (asking acts) into ``out``."""
         z = incl[rows]
-        logits = self._amount_logits + (self.params.amount_shift + self.params.amount_slope * z)[:, None] * _U
         verbs = ["provide-donation-amount" if acts[i] == "ask-donation-amount" else "agree-donation" for i in rows]
         if temperature == 0:
-            level = np.argmax(logits, axis=1)
+            level = np.argmax(self._amount_logits_rows(z), axis=1)
             for k, i in enumerate(rows):
                 out[i] = (verbs[k], float(AMOUNT_LEVELS[level[k]])) if z[k] > 0 else ("disagree-donation", 0.0)
             return
-        amounts = _softmax_rows(logits, temperature)
-        donate = np.array([_sigmoid(float(x) / temperature) for x in z])  # math.exp, as respond
-        probs = np.concatenate([donate[:, None] * amounts, (1.0 - donate)[:, None]], axis=1)
-        choice = _draw(probs, rows, rngs)
+        choice = _draw(self._decision_probabilities(z, temperature), rows, rngs)
         for k, i in enumerate(rows):
             if choice[k] >= 0:
                 out[i] = ((verbs[k], float(AMOUNT_LEVELS[choice[k]])) if choice[k] < len(AMOUNT_LEVELS)
@@ -449,15 +494,11 @@ class PersuadeeModel:
     def _responses_batch(self, rows: np.ndarray, incl: np.ndarray, acts: Sequence[str],
                          rngs: Sequence[np.random.Generator], temperature: float, out: list) -> None:
         """Non-decision replies of ``rows`` into ``out``."""
-        logits = (self._responses[[_ER_INDEX[acts[i]] for i in rows]]
-                  + self.params.sentiment_slope * incl[rows][:, None] * _SENTIMENT_SIGN)
-        logits = np.where(_DECISION_MASK, -np.inf, logits)
         if temperature == 0:
-            for i, j in zip(rows, np.argmax(logits, axis=1)):
+            for i, j in zip(rows, np.argmax(self._response_logits(incl[rows], acts, rows), axis=1)):
                 out[i] = (PERSUADEE_ACTS[j], None)
             return
-        probs = _softmax_rows(logits, temperature)[:, _RESPONSE_SUPPORT]
-        choice = _draw(probs, rows, rngs)
+        choice = _draw(self._response_probabilities(incl[rows], acts, rows, temperature), rows, rngs)
         for i, c in zip(rows, choice):
             if c >= 0:
                 out[i] = (PERSUADEE_ACTS[_RESPONSE_SUPPORT[c]], None)
@@ -471,19 +512,12 @@ def _softmax_rows(logits: np.ndarray, temperature: float) -> np.ndarray:
 
 
 def _draw(probs: np.ndarray, rows: np.ndarray, rngs: Sequence[np.random.Generator]) -> np.ndarray:
-    """Per row, the index ``rngs[row].choice(k, p=p / p.sum())`` returns (-1 where a probability is 0).
-
-    ``Generator.choice`` with ``p`` draws one ``random()`` and searches the normalised CDF (side right);
-    rows with a zero probability are skipped (no draw) for :meth:`PersuadeeModel.respond` to answer.
-    """
+    """Per row, the index ``rngs[row].choice(k, p=p / p.sum())`` returns (-1 where a probability is 0; no draw
+    there, for :meth:`PersuadeeModel.respond` to answer)."""
     ok = (probs > 0).all(axis=1)
     p = probs[ok]
-    p = p / p.sum(axis=1, keepdims=True)
-    cdf = np.cumsum(p, axis=1)
-    cdf /= cdf[:, -1:]
-    u = np.array([rngs[i].random() for i in rows[ok]])
     choice = np.full(len(rows), -1, dtype=np.int64)
-    choice[ok] = (cdf <= u[:, None]).sum(axis=1)
+    choice[ok] = choice_rows(p / p.sum(axis=1, keepdims=True), np.array([rngs[i].random() for i in rows[ok]]))
     return choice
 
 

@@ -149,6 +149,21 @@ class ActPersuadee(_ModelPersuadee, DistributionalSimulator):
         """Advance the slot's state past the persuader act in ``observation`` (the reply does not move it)."""
         self._states[slot] = self.model.update(self.state(slot), _heard(observation))
 
+    def distribution_batch(self, observations: list[Any], slots: list[int]
+                           ) -> list[tuple[np.ndarray, list[int], np.ndarray]]:
+        """:meth:`distribution` of many slots at once, the same numbers, in groups sharing their actions:
+        ``(indices into the batch, actions, probabilities [n, len(actions)])``. Indices in no group (a
+        distribution with a zero, which :meth:`distribution` leaves out) need :meth:`distribution`."""
+        acts = _heard_batch(observations)
+        states = self._states.take(np.asarray(slots, dtype=np.int64))
+        self.model.update_rows(states, np.arange(len(slots)), acts)
+        return [(rows, [encode_persuadee_action(*o) for o in outcomes], probs)
+                for rows, outcomes, probs in self.model.distribution_batch(states.inclination, acts, self.temperature)]
+
+    def commit_batch(self, observations: list[Any], slots: list[int], actions: list[Any]) -> None:
+        """:meth:`commit` of many slots at once (distinct slots)."""
+        self.model.update_rows(self._states, np.asarray(slots, dtype=np.int64), _heard_batch(observations))
+
 
 class TextPersuadee(_ModelPersuadee):
     """Text persuadee for ``simpop/Persuasion-v1`` (same arguments as :class:`ActPersuadee`).
@@ -271,7 +286,15 @@ def model_params(model: str, personas: Sequence[Persona] | None, jitter: float =
     corpus's training split; ``seed`` unused); with ``corpus`` (a folder),
     :func:`~simpop.envs.persuasion.corpus.fit_params` on bootstrap resample ``i`` (generator seeded with
     ``[seed, i]``) of that whole corpus, calibrated to that resample's own donor rate.
+
+    The result is cached per process (it is deterministic): a panel built again rebuilds no calibration.
     """
+    return _model_params(model, None if personas is None else tuple(personas), jitter, seed, corpus)
+
+
+@functools.lru_cache(maxsize=64)
+def _model_params(model: str, personas: tuple[Persona, ...] | None, jitter: float, seed: int,
+                  corpus: str) -> PersuadeeParams:
     if model == BASE_MODEL:
         return PersuadeeParams()
     prefix, _, index = model.partition("-")
