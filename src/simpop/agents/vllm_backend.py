@@ -64,7 +64,8 @@ class VLLMBackend:
     supports_json_schema = True
 
     def __init__(self, base_url: str, model: str, api_key: str | None = None, *, tokenizer: str | Path | None = None,
-                 max_concurrency: int = 64, timeout_s: float = 300.0, max_retries: int = 3, scores_replies: bool = False):
+                 max_concurrency: int = 64, timeout_s: float = 300.0, max_retries: int = 3,
+                 scores_replies: bool = False):
         self.http = OpenAIBackend(base_url, model, api_key, max_concurrency=max_concurrency, timeout_s=timeout_s,
                                   max_retries=max_retries, return_token_ids=True)
         self.name = model

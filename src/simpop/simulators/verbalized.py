@@ -618,8 +618,8 @@ class Renormalised(Simulator):
                     actions[i] = options[c]
                 done += rows.tolist()
             if done:
-                self.inner.commit_batch([observations[i] for i in done], [slots[i] for i in done],  # type: ignore[attr-defined]
-                                        [actions[i] for i in done])
+                commit = self.inner.commit_batch  # type: ignore[attr-defined]  # beside distribution_batch
+                commit([observations[i] for i in done], [slots[i] for i in done], [actions[i] for i in done])
                 left = sorted(set(left) - set(done))
         for i in left:
             observation, slot = observations[i], slots[i]

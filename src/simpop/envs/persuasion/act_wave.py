@@ -7,8 +7,8 @@ rewards and termination for all the dialogues at once. What it produces is exact
 would: the same observations (float32, bit for bit), actions, per-step rewards and policy-seat infos
 (:meth:`episode`), the same generators handed to the simulator, and, when the wave ends, envs in the state
 ``env.step`` would have left them (:meth:`finish`: transcript, counts, outcome), so callers that read an env
-after its dialogue (evaluation records) see no difference. ``tests/envs/persuasion/test_act_wave.py`` checks this against
-the per-env path under several seeds.
+after its dialogue (evaluation records) see no difference. ``tests/envs/persuasion/test_act_wave.py`` checks this
+against the per-env path under several seeds.
 
 Seats are numbered 0 (the persuader, the policy) and 1 (the persuadee); ``to_act`` is -1 once a dialogue is
 over.
