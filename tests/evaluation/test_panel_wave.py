@@ -160,3 +160,44 @@ def test_eval_runs_one_wave_by_default_where_the_records_are_the_same(tmp_path) 
     assert draws_nothing(GoldTau2Agent()) and not draws_nothing(Greedy())
     assert draws_nothing(TextPolicy(None, SamplingParams(temperature=0.0)))
     assert not draws_nothing(TextPolicy(None, SamplingParams(temperature=1.0)))
+
+
+def test_a_member_that_raises_in_a_wave_reruns_alone_episode_by_episode(tmp_path, caplog) -> None:
+    """One member's simulator fails on one dialogue every time: the others rerun together and keep their records,
+    the failing member runs episode by episode (two runs of its chunk, not three) and records that one error."""
+    from simpop.envs.persuasion.simulators import ActPersuadee
+    from simpop.evaluation.eval_run import EPISODES, evaluate_panel, read_records
+    from simpop.simulators.population import Panel
+
+    class FailsOn(ActPersuadee):
+        """Raises whenever it replies in the dialogue of scenario ``bad``; counts the dialogues it starts."""
+
+        bad, started = "", 0
+
+        def reset_batch(self, scenarios, rngs):
+            super().reset_batch(scenarios, rngs)
+            self.scenario_ids = [s.id for s in scenarios]
+            FailsOn.started += len(scenarios)
+
+        def act_batch(self, observations, slots):
+            if any(self.scenario_ids[s] == FailsOn.bad for s in slots):
+                raise ValueError("no reply for this one")
+            return super().act_batch(observations, slots)
+
+    def run(out, one_wave):
+        FailsOn.started = 0
+        panel = Panel([*members(), FailsOn(temperature=0.9, name="fails")])
+        evaluate_panel(ENV, Greedy(), panel, episodes=6, seed=3, out=out, concurrency=3, env_kwargs={"max_turns": 5},
+                       one_wave=one_wave)
+        return {r.key: r.to_json() for r in read_records(out / EPISODES)}, FailsOn.started
+
+    alone, _ = run(tmp_path / "probe", False)
+    FailsOn.bad = sorted(key for key in alone if key[0] == "fails")[1][1]  # one of its scenarios
+    alone, _ = run(tmp_path / "alone", False)
+    together, started = run(tmp_path / "together", True)
+    assert together == alone and len(together) == 24
+    errors = [json.loads(r) for r in together.values() if json.loads(r)["error"]]
+    assert [(e["member"], e["scenario"], e["error"]) for e in errors] == [
+        ("fails", FailsOn.bad, "ValueError: no reply for this one")]
+    assert started == 3 + 3 + 3  # its failing chunk as a wave, then one by one; its other chunk once
+    assert "the other members rerun as one wave, fails one episode at a time" in caplog.text

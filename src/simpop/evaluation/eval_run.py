@@ -34,7 +34,10 @@ each worker sends back its envs' transcripts. τ² envs stay local (their result
 
 **Failures.** A policy or simulator that raises in a chunk does not end the evaluation: the chunk's
 episodes run again one at a time (each with its own seed), and an episode that still raises is recorded
-with ``error`` (success 0), counted and logged. A model server that stays unreachable through its retries
+with ``error`` (success 0), counted and logged. In a wave of members, a member whose simulator raised is named
+(:class:`~simpop.simulators.panel_wave.MemberError`): the other members' share reruns as one wave and only that
+member's one episode at a time, so a dialogue that fails every time costs its member two runs, not three. A model
+server that stays unreachable through its retries
 (:class:`~simpop.agents.openai_backend.BackendUnavailable`) is not the policy's failure: it stops the run, like
 ``KeyboardInterrupt``; finished chunks stay, and ``resume`` continues once the server is back.
 
@@ -73,7 +76,7 @@ from simpop.evaluation.metrics import wilson_ci
 from simpop.evaluation.panel import EnvPool, EpisodeRecord, begin_wave, episode_record, json_safe, transcript_of
 from simpop.rollout import Job, RolloutEngine, Trajectory
 from simpop.rollout_ray import RayConfig, RayRolloutEngine
-from simpop.simulators.panel_wave import PanelWave
+from simpop.simulators.panel_wave import MemberError, PanelWave
 from simpop.simulators.population import Panel
 
 log = logging.getLogger(__name__)
@@ -355,6 +358,12 @@ def _run_chunk(engine: RolloutEngine, pool: EnvPool, policy: Any, member: str, c
     except Exception as error:
         log.warning("member %s: a chunk of %d episode(s) raised (%s: %s); running them one at a time",
                     member, len(chunk), type(error).__name__, _first_line(error))
+    return _run_episodes(engine, pool, policy, member, chunk, rng_seed)
+
+
+def _run_episodes(engine: RolloutEngine, pool: EnvPool, policy: Any, member: str, chunk: list[PlannedEpisode],
+                  rng_seed: list[int]) -> list[EpisodeRecord]:
+    """Run a chunk's episodes one at a time; an episode that raises is recorded with its error."""
     records = []
     for j, e in enumerate(chunk):
         env = pool.take(1)[0]
@@ -406,8 +415,10 @@ def _served(simulator: Any) -> bool:
 
 def _run_panel_chunk(engine: RolloutEngine, wave: PanelWave, pool: EnvPool, policy: Any, names: list[str],
                      members: list[int], chunk: list[PlannedEpisode], rng_seed: list[int]) -> list[EpisodeRecord]:
-    """``chunk`` for each of ``members`` as one wave; if it raises, each member's share runs alone (and one episode
-    at a time if that raises too, :func:`_run_chunk`)."""
+    """``chunk`` for each of ``members`` as one wave. If a member's simulator raises (:class:`MemberError`), the
+    other members rerun as one wave and that member's share one episode at a time; if anything else raises (the
+    policy, an env), each member's share runs alone (and one episode at a time if that raises too,
+    :func:`_run_chunk`)."""
     wave.assign([m for m in members for _ in chunk])
     envs = pool.take(len(members) * len(chunk))
     begin_wave(policy, envs)
@@ -418,6 +429,18 @@ def _run_panel_chunk(engine: RolloutEngine, wave: PanelWave, pool: EnvPool, poli
                 for i, t in enumerate(trajectories)]
     except BackendUnavailable:  # the server is gone: stop, finished chunks kept
         raise
+    except MemberError as error:  # one member's simulator raised: the others rerun together, it episode by episode
+        log.warning("members %s: a chunk of %d episode(s) each raised in one wave (%s); the other members rerun as "
+                    "one wave, %s one episode at a time", ", ".join(names), len(chunk), _first_line(error),
+                    wave.members[error.member].name)
+        failed = members.index(error.member)
+        others = [i for i in range(len(members)) if i != failed]
+        records = (_run_panel_chunk(engine, wave, pool, policy, [names[i] for i in others],
+                                    [members[i] for i in others], chunk, rng_seed) if others else [])
+        alone = RolloutEngine(pool.factory(), policy, wave.members[error.member], n_envs=len(chunk))
+        records += _run_episodes(alone, pool, policy, names[failed], chunk, rng_seed)
+        order = {name: i for i, name in enumerate(names)}
+        return sorted(records, key=lambda r: order[r.member])  # member by member, as from one wave
     except Exception as error:
         log.warning("members %s: a chunk of %d episode(s) each raised in one wave (%s: %s); running each member's "
                     "share alone", ", ".join(names), len(chunk), type(error).__name__, _first_line(error))

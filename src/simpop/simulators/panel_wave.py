@@ -6,7 +6,9 @@ asks the policy once per tick for all of them. Each member starts its own slots 
 scenarios and generators, in the same order, as a wave of that member alone), so a member's replies do not
 depend on which other members share the wave. Per tick each member with pending slots gets one ``act_batch``
 call; with ``concurrent=True`` those calls run side by side in threads, so members whose model runs on one
-server (``simpop eval --sim-generator vllm:...``) reach it together and are batched there as one.
+server (``simpop eval --sim-generator vllm:...``) reach it together and are batched there as one. A member's
+call that raises ends the wave with a :class:`MemberError` naming the member, so that a runner can rerun the
+others together and only that member's dialogues one by one.
 """
 
 from __future__ import annotations
@@ -17,7 +19,17 @@ from typing import Any
 
 import numpy as np
 
+from simpop.agents.openai_backend import BackendUnavailable
 from simpop.seat import Simulator
+
+
+class MemberError(RuntimeError):
+    """Panel member ``member`` (an index into :attr:`PanelWave.members`) raised during a wave (the error is the
+    ``__cause__``)."""
+
+    def __init__(self, member: int, name: str, error: BaseException):
+        super().__init__(f"panel member {name!r} raised {type(error).__name__}: {error}")
+        self.member = member
 
 
 class PanelWave(Simulator):
@@ -67,8 +79,13 @@ class PanelWave(Simulator):
 
         def call(m: int) -> list[Any]:
             indices = groups[m]
-            return self.members[m].act_batch([observations[i] for i in indices],
-                                             [self._slot(slots[i])[1] for i in indices])
+            try:
+                return self.members[m].act_batch([observations[i] for i in indices],
+                                                 [self._slot(slots[i])[1] for i in indices])
+            except BackendUnavailable:  # the server is gone: no member's fault, the runner stops
+                raise
+            except Exception as error:
+                raise MemberError(m, self.members[m].name, error) from error
 
         if self.concurrent and len(groups) > 1:
             pool = ThreadPoolExecutor(max_workers=len(groups))
