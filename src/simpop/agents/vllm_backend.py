@@ -97,9 +97,13 @@ class VLLMBackend:
 
     def generate(self, chats: list[Chat], params: SamplingParams) -> list[Generation]:
         """One completion per chat through ``/v1/chat/completions`` (the server renders the chat)."""
+        return self._chat_client().generate(chats, params)
+
+    def _chat_client(self) -> OpenAIBackend:
+        """The chat-API client, sending ``model=`` the active adapter (else the base model)."""
         http = copy.copy(self.http)
         http.name = self.model
-        return http.generate(chats, params)
+        return http
 
     def score_replies(self, items: list[tuple[Chat, list[str] | tuple[str, ...]]]) -> list[list[float]]:
         """Per ``(chat, replies)``, each reply's summed log-probability as the whole assistant message, from the
@@ -114,9 +118,7 @@ class VLLMBackend:
             raise ScoringUnsupported(f"{self.base_url} is not known to score replies safely (vLLM-CPU's engine dies "
                                      f"on prompt_logprobs with LoRA layers on); construct VLLMBackend with "
                                      f"scores_replies=True for a server without them")
-        http = copy.copy(self.http)
-        http.name = self.model
-        return http.score_replies(items)
+        return self._chat_client().score_replies(items)
 
     def generate_ids(self, prompts: list[list[int]], params: SamplingParams) -> list[Generation]:
         """One completion per exact prompt through ``/v1/completions``, with its token ids and log-probs.
@@ -405,8 +407,8 @@ def load_vllm_backend(target: str, enable_lora: bool = True, **kwargs: Any) -> V
 
     server = VLLMServer(target, enable_lora=enable_lora).start()
     atexit.register(server.stop)
-    return VLLMBackend(server.base_url, server.served_name, tokenizer=resolve_model(target),
-                       **{"scores_replies": not enable_lora, **kwargs})
+    kwargs.setdefault("scores_replies", not enable_lora)  # scoring is safe on a server without LoRA layers
+    return VLLMBackend(server.base_url, server.served_name, tokenizer=resolve_model(target), **kwargs)
 
 
 class ServedModels(dict):

@@ -430,10 +430,10 @@ def _run_panel_chunk(engine: RolloutEngine, wave: PanelWave, pool: EnvPool, poli
     except BackendUnavailable:  # the server is gone: stop, finished chunks kept
         raise
     except MemberError as error:  # one member's simulator raised: the others rerun together, it episode by episode
+        failed = members.index(error.member)
         log.warning("members %s: a chunk of %d episode(s) each raised in one wave (%s); the other members rerun as "
                     "one wave, %s one episode at a time", ", ".join(names), len(chunk), _first_line(error),
-                    wave.members[error.member].name)
-        failed = members.index(error.member)
+                    names[failed])
         others = [i for i in range(len(members)) if i != failed]
         records = (_run_panel_chunk(engine, wave, pool, policy, [names[i] for i in others],
                                     [members[i] for i in others], chunk, rng_seed) if others else [])
