@@ -28,13 +28,12 @@ import argparse
 import hashlib
 import json
 import os
-import subprocess
 import sys
 import time
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from baseline import CHECKOUT, tree  # noqa: E402  (benchmarks/baseline.py)
+from baseline import CHECKOUT, run_child, tree  # noqa: E402  (benchmarks/baseline.py)
 
 #: The last commit before the act-level waves were stepped as arrays (issue 29).
 BEFORE_ARRAYS = "be41bef"
@@ -118,14 +117,8 @@ def child_run(condition: str, seed: int) -> dict:
 
 
 def measure(tree: Path, condition: str, updates: int, seed: int, whole_run: bool = False) -> dict:
-    env = {**os.environ, "PYTHONPATH": str(tree / "src"), "OMP_NUM_THREADS": "1"}
-    out = subprocess.run([sys.executable, __file__, "--child", "--condition", condition, "--updates", str(updates),
-                          "--seed", str(seed), *(["--whole-run"] if whole_run else [])],
-                         env=env, cwd=tree, capture_output=True, text=True, check=True)
-    result = json.loads(out.stdout.strip().splitlines()[-1])
-    if not Path(result["simpop"]).resolve().is_relative_to(tree.resolve()):
-        raise RuntimeError(f"child imported simpop from {result['simpop']}, not from {tree}")
-    return result
+    return run_child(tree, __file__, ["--child", "--condition", condition, "--updates", str(updates), "--seed",
+                                      str(seed), *(["--whole-run"] if whole_run else [])], OMP_NUM_THREADS="1")
 
 
 def main() -> None:

@@ -3,7 +3,10 @@
 from __future__ import annotations
 
 import contextlib
+import json
+import os
 import subprocess
+import sys
 import tempfile
 from collections.abc import Iterator
 from pathlib import Path
@@ -31,3 +34,16 @@ def tree(ref: str) -> Iterator[Path]:
         finally:
             subprocess.run(["git", "-C", str(CHECKOUT), "worktree", "remove", "--force", str(path)],
                            capture_output=True)
+
+
+def run_child(folder: Path, script: str, args: list[str], **env: str) -> dict:
+    """Run ``script args`` in a child Python that imports simpop from ``folder``'s sources (``env``: more
+    environment); the JSON object its last output line holds, checked to come from that tree (its ``simpop``
+    field: the imported package's file)."""
+    environment = {**os.environ, "PYTHONPATH": str(folder / "src"), **env}
+    out = subprocess.run([sys.executable, script, *args], env=environment, cwd=folder, capture_output=True, text=True,
+                         check=True)
+    result = json.loads(out.stdout.strip().splitlines()[-1])
+    if not Path(result["simpop"]).resolve().is_relative_to(folder.resolve()):
+        raise RuntimeError(f"child imported simpop from {result['simpop']}, not from {folder}")
+    return result

@@ -172,43 +172,44 @@ class TrainableLLMSimulator(LLMSimulator, Trainable):
         score-function gradient is that of the torch model although vLLM sampled; the mismatch accumulates in
         :attr:`mismatch`.
 
-        Every turn is one scored row (its prompt + reply); call ``backward`` on what is built from the result
-        before another adapter is activated (above the backend's token budget, backward recomputes the layers).
+        A dialogue's turns are scored in as few rows as :func:`dialogue_rows` finds (a turn whose prompt begins
+        with the previous turn's prompt and reply is scored in that row); call ``backward`` on what is built from
+        the result before another adapter is activated (above the backend's token budget, backward recomputes the
+        layers).
         """
         logprob = torch.zeros(len(episodes))
         kl = torch.zeros(len(episodes))
-        rows = [(i, turn) for i, e in enumerate(episodes) for turn in e.turns]
-        if not rows:
+        rows = dialogue_rows(episodes)
+        if not rows.sequences:
             return Scores(logprob, kl)
-        sequences = [t.prompt_ids + t.token_ids for _, t in rows]
-        masks = [[0] * len(t.prompt_ids) + [1] * len(t.token_ids) for _, t in rows]
         temperature = self.params.temperature
         # Both passes run in the backend's micro-batches (the same split): the reference first, under no_grad,
         # so that no graph is alive meanwhile; then the scored pass (above the backend's token budget it keeps
         # only each layer's input, and backward recomputes the rest).
         self.lora.activate()
         with torch.no_grad(), self.lora.disabled():
-            reference = self.backend.token_logprobs(sequences, masks, temperature=temperature).logprobs
-        scores = self.backend.token_logprobs(sequences, masks, temperature=temperature)
+            reference = self.backend.token_logprobs(rows.sequences, rows.masks, temperature=temperature).logprobs
+        scores = self.backend.token_logprobs(rows.sequences, rows.masks, temperature=temperature)
         delta = (reference - scores.logprobs) * scores.mask
         per_token_kl = (torch.exp(delta) - delta - 1) * scores.mask  # k3 estimator: unbiased, >= 0
-        index = torch.as_tensor([i for i, _ in rows])
+        index = torch.as_tensor(rows.episode)
         weight = scores.mask
         if self.generator is not None and self.is_weights is not None:
-            weight = self._importance_weights([t for _, t in rows], scores.logprobs, scores.mask)
+            weight = self._importance_weights(rows.placed, scores.logprobs, scores.mask)
         logprob = logprob.index_add(0, index, (scores.logprobs * weight).sum(1))
         kl = kl.index_add(0, index, per_token_kl.sum(1))
         return Scores(logprob, kl)
 
-    def _importance_weights(self, turns: list[LLMTurn], logprobs: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
-        """Per-token TIS weights (0 off the replies) of ``turns`` scored as ``logprobs`` (position-aligned rows)."""
+    def _importance_weights(self, placed: list[tuple[int, int, LLMTurn]], logprobs: torch.Tensor,
+                            mask: torch.Tensor) -> torch.Tensor:
+        """Per-token TIS weights (0 off the replies) of the turns ``placed`` (row, reply start, turn) in the rows
+        scored as ``logprobs``."""
         assert self.is_weights is not None
         gen = torch.zeros_like(logprobs)
-        for row, turn in enumerate(turns):
+        for row, start, turn in placed:
             if len(turn.logprobs) != len(turn.token_ids):
                 raise ValueError(f"{self.name}: a reply of {len(turn.token_ids)} tokens came with "
                                  f"{len(turn.logprobs)} generator log-probs")
-            start = len(turn.prompt_ids)
             gen[row, start:start + len(turn.token_ids)] = torch.as_tensor(turn.logprobs, dtype=gen.dtype)
         mismatch = self.is_weights(logprobs.detach(), gen, mask)
         self.mismatch["abs_diff_sum"] += mismatch.abs_diff_sum
@@ -235,6 +236,44 @@ class TrainableLLMSimulator(LLMSimulator, Trainable):
         if self.generator is not None:  # the copy serves its own adapter on the same server
             clone.generator, clone._stale = self.generator.for_adapter(clone.adapter), True
         return clone
+
+
+@dataclass
+class Rows:
+    """Token rows to score: ``sequences`` with 0/1 ``masks`` (1 on reply tokens), the dialogue each row belongs to
+    (``episode``), and where each turn's reply sits (``placed``: row, first reply position, turn)."""
+
+    sequences: list[list[int]] = field(default_factory=list)
+    masks: list[list[int]] = field(default_factory=list)
+    episode: list[int] = field(default_factory=list)
+    placed: list[tuple[int, int, LLMTurn]] = field(default_factory=list)
+
+
+def dialogue_rows(episodes: Sequence[LLMEpisode]) -> Rows:
+    """Each dialogue's turns as few rows as their tokens allow.
+
+    A turn whose prompt begins with the previous turn's prompt and reply (the history re-encoded to the same
+    tokens) extends that turn's row: under causal attention every reply token keeps its exact context, so the
+    row scores both replies as two rows would, with the shared prefix run once. A turn whose history was
+    re-encoded otherwise (a reply trimmed or re-tokenised) starts a row of its own.
+    """
+    rows = Rows()
+    for index, episode in enumerate(episodes):
+        previous: list[int] | None = None
+        for turn in episode.turns:
+            sequence = turn.prompt_ids + turn.token_ids
+            if previous is None or len(turn.prompt_ids) < len(previous) or turn.prompt_ids[:len(previous)] != previous:
+                rows.sequences.append(sequence)
+                rows.masks.append([0] * len(sequence))
+                rows.episode.append(index)
+            else:
+                rows.sequences[-1] = sequence
+                rows.masks[-1] += [0] * (len(sequence) - len(previous))
+            start = len(turn.prompt_ids)
+            rows.masks[-1][start:] = [1] * len(turn.token_ids)
+            rows.placed.append((len(rows.sequences) - 1, start, turn))
+            previous = sequence
+    return rows
 
 
 def from_spec(spec: SimulatorSpec, context: BuildContext) -> Simulator:
