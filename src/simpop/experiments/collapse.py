@@ -82,8 +82,8 @@ import numpy as np
 from simpop.experiments.conditions import (COTRAINED, CORPUS_PANEL_TEMPERATURES, PANEL_JITTER, PANEL_TEMPERATURES,
                                            ROBUST_PANEL_TEMPERATURES, TEXT_PANEL_LLM_TEMPERATURES, CollapseConfig,
                                            build_panel, build_trainer, condition_cotrain, evaluate_run, extra_panels,
-                                           read_records, shared_model_members, simulator_backends, simulator_specs,
-                                           write_card)
+                                           on_policy_server, one_server, read_records, shared_model_members,
+                                           simulator_backends, simulator_specs, write_card)
 from simpop.train.cotrain import CoTrainConfig
 from simpop.train.config import changed_settings, to_dict
 
@@ -116,6 +116,7 @@ def run_one(config: CollapseConfig, condition: str, seed: int, out: Path, resume
         env = make(config.env_id, **config.env_kwargs())
         backends = simulator_backends(config)  # one copy of the simulators' model for training and the panel
         trainer = build_trainer(condition, config, seed, env, backends)
+        backends = on_policy_server(backends, trainer.policy)  # the panels' LLM members generate there too
         panel = build_panel(config, env, backends)
         panel.check_disjoint([trainer.training_simulator], shared_model=shared_model_members(config))
         extras = {name: build_panel(config, env, backends, name) for name in extra_panels(config)}
@@ -398,24 +399,25 @@ def run_collapse(config: CollapseConfig, out: str | Path, resume: bool = False, 
     tasks.sort(key=lambda task: -len(simulator_specs(task[0], config)) * (task[0].partition("+")[0] in COTRAINED))
     started = time.perf_counter()
     bar = Progress(len(tasks) * config.updates, progress)
-    if config.workers == 1 or len(tasks) == 1:
-        for condition, seed in tasks:
-            run_one(config, condition, seed, out, resume, bar.report)
-    else:
-        import concurrent.futures
-        import multiprocessing
+    with one_server(config) as runs:  # --model.generator vllm:launch: one server for every run
+        if config.workers == 1 or len(tasks) == 1:
+            for condition, seed in tasks:
+                run_one(runs, condition, seed, out, resume, bar.report)
+        else:
+            import concurrent.futures
+            import multiprocessing
 
-        context = multiprocessing.get_context("spawn")
-        with context.Manager() as manager:
-            queue = manager.Queue()
-            with concurrent.futures.ProcessPoolExecutor(config.workers, mp_context=context) as pool:
-                futures = [pool.submit(_worker, (config, c, s, str(out), resume, queue)) for c, s in tasks]
-                while not all(f.done() for f in futures):
+            context = multiprocessing.get_context("spawn")
+            with context.Manager() as manager:
+                queue = manager.Queue()
+                with concurrent.futures.ProcessPoolExecutor(config.workers, mp_context=context) as pool:
+                    futures = [pool.submit(_worker, (runs, c, s, str(out), resume, queue)) for c, s in tasks]
+                    while not all(f.done() for f in futures):
+                        bar.drain(queue)
+                        time.sleep(0.2)
                     bar.drain(queue)
-                    time.sleep(0.2)
-                bar.drain(queue)
-                for f in futures:
-                    f.result()  # re-raise a worker's error here
+                    for f in futures:
+                        f.result()  # re-raise a worker's error here
     bar.close()
     return write_outputs(out, config, time.perf_counter() - started)
 

@@ -9,8 +9,10 @@ and :mod:`simpop.experiments.monitor_calibration` reuse them.
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import json
+from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Literal
@@ -319,6 +321,46 @@ def simulator_backends(config: CollapseConfig) -> dict[str, Any]:
             f"trainable:{model}": TransformersBackend(model, dtype=dtype, prefix_cache=cache)}
 
 
+def on_policy_server(backends: dict[str, Any], policy: Any) -> dict[str, Any]:
+    """``backends`` with every local model of the policy's base generating on the policy's vLLM server (frozen and
+    verbalized simulators, the panels' LLM members; :class:`~simpop.agents.vllm_backend.ServedGeneration`: they
+    still score in process), so that a run's generation is one server's batch; as they are without a server.
+    Co-trained simulators (``trainable:`` models) take their own adapters there (``CoTrainer``)."""
+    generator = getattr(policy, "generator", None)
+    if generator is None:
+        return backends
+    from simpop.agents.vllm_backend import ServedGeneration, VLLMBackend
+
+    base = Path(policy.backend.path).resolve()
+    served = dict(backends)
+    for spec, backend in backends.items():
+        path = getattr(backend, "path", None)
+        if not spec.startswith("trainable:") and path is not None and Path(path).resolve() == base:
+            served[spec] = ServedGeneration(backend, VLLMBackend(generator.client.base_url, generator.client.name))
+    return served
+
+
+@contextlib.contextmanager
+def one_server(config: CollapseConfig) -> Iterator[CollapseConfig]:
+    """``config`` with ``--model.generator vllm:launch`` made one vLLM server for all its runs (started here,
+    stopped on leaving): each run's policy, simulators and panel LLM members generate there (the policy and
+    co-trained simulators under their versioned adapters); any other config as it is."""
+    if config.level != "text" or config.model.generator != "vllm:launch":
+        yield config
+        return
+    from simpop.agents.vllm_backend import lora_rank_limit
+    from simpop.agents.vllm_server import VLLMServer
+    from simpop.seat import SimulatorSpec
+
+    specs = [SimulatorSpec.parse(spec) for c in config.conditions for spec in simulator_specs(c, config).values()]
+    rank = max([config.model.lora_r] + [spec.params["lora_r"] for spec in specs if spec.kind == "trainable"])
+    server = VLLMServer(config.model.model, max_lora_rank=lora_rank_limit(rank)).start()
+    try:
+        yield dataclasses.replace(config, model=dataclasses.replace(config.model, generator=f"vllm:{server.url}"))
+    finally:
+        server.stop()
+
+
 def policy_configs(config: CollapseConfig, seed: int) -> tuple[ModelConfig, GRPOConfig]:
     """The policy model and GRPO settings of one seed's runs (every condition)."""
     return dataclasses.replace(config.model, adapter=f"policy{seed}"), dataclasses.replace(config.grpo, seed=seed)
@@ -347,8 +389,8 @@ def build_trainer(condition: str, config: CollapseConfig, seed: int, env: Any,
 
     model, grpo = policy_configs(config, seed)
     policy = build_policy(env, model, grpo.sampling(), seed)
-    simulators = build_many(simulator_specs(condition, config), env,
-                            simulator_backends(config) if backends is None else backends)
+    backends = on_policy_server(simulator_backends(config) if backends is None else backends, policy)
+    simulators = build_many(simulator_specs(condition, config), env, backends)
     if condition in ("frozen", "verbalized"):
         return GRPOTrainer(config.env_id, policy, simulators[0], grpo, env_kwargs=config.env_kwargs())
     trainable = [s for s in simulators if isinstance(s, Trainable)]

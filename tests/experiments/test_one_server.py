@@ -1,0 +1,98 @@
+"""Text-level runs on one vLLM server: the policy, its simulators and the panels' LLM members generate there, and
+the simulators still answer surveys by scoring in process."""
+
+from __future__ import annotations
+
+import pytest
+
+from simpop.agents.vllm_backend import ServedGeneration, VLLMBackend
+from simpop.experiments.conditions import (CollapseConfig, build_panel, build_trainer, on_policy_server, one_server,
+                                           simulator_backends)
+
+
+def _config(generator: str, conditions: tuple[str, ...] = ("frozen",)) -> CollapseConfig:
+    return CollapseConfig(level="text", conditions=conditions, updates=1, eval_every=1, eval_episodes=2, max_turns=1,
+                          grpo={"group_size": 2, "scenarios_per_update": 2, "max_new_tokens": 4},
+                          model={"generator": generator, "dtype": "float32", "lora_r": 4, "lora_alpha": 8})
+
+
+def test_one_server_is_launched_for_all_runs_and_stopped(monkeypatch):
+    import simpop.agents.vllm_server as vllm_server
+
+    events = []
+
+    class Server:
+        url = "http://127.0.0.1:1234"
+
+        def __init__(self, model, **options):
+            events.append(("init", model, options))
+
+        def start(self):
+            events.append("start")
+            return self
+
+        def stop(self):
+            events.append("stop")
+
+    monkeypatch.setattr(vllm_server, "VLLMServer", Server)
+    config = _config("vllm:launch", ("frozen", "cotrain"))
+    with one_server(config) as runs:
+        assert runs.model.generator == "vllm:http://127.0.0.1:1234" and runs.conditions == config.conditions
+        assert events == [("init", "smollm2", {"max_lora_rank": 8}), "start"]  # the sims' rank 8 > the policy's 4
+    assert events[-1] == "stop"
+    with pytest.raises(RuntimeError, match="boom"), one_server(config):  # stopped when a run fails too
+        raise RuntimeError("boom")
+    assert events[-1] == "stop" and events.count("start") == 2
+    for other in (_config(""), _config("vllm:http://h:1")):
+        with one_server(other) as runs:
+            assert runs is other
+    assert events.count("start") == 2
+
+
+def test_without_a_server_the_simulators_generate_in_process():
+    backends = {"smollm2": object()}
+    assert on_policy_server(backends, policy=object()) is backends
+
+
+@pytest.mark.slow
+def test_a_text_run_generates_on_the_policys_server_and_scores_surveys_in_process(vllm_server, monkeypatch):
+    from simpop.envs.registration import make
+
+    calls = []
+    generate = VLLMBackend.generate
+
+    def counted(self, chats, params):
+        calls.append((self.model, len(chats)))
+        return generate(self, chats, params)
+
+    monkeypatch.setattr(VLLMBackend, "generate", counted)
+    config = _config(f"vllm:{vllm_server.url}")
+    env = make(config.env_id, **config.env_kwargs())
+    backends = simulator_backends(config)
+    trainer = build_trainer("frozen", config, 0, env, backends)
+    sim = trainer.training_simulator
+    assert isinstance(sim.backend, ServedGeneration) and sim.backend.local is backends["smollm2"]
+    assert backends["trainable:smollm2"] not in vars(sim.backend).values()
+    metrics = trainer.step()
+    assert metrics["generator_version"] == 1  # the policy generated there too, and was synced
+    assert calls and {model for model, _ in calls} == {"smollm2"}  # the base model: no adapter
+    assert sum(n for _, n in calls) == sim.stats["replies"] > 0
+    assert sim.stats["survey_scored"] == 4 and sim.stats["survey_unscored"] == sim.stats["survey_errors"] == 0
+
+    panel = build_panel(config, env, on_policy_server(backends, trainer.policy))
+    llm = [m for name, m in panel.members.items() if name.startswith("llm-")]
+    assert llm and all(isinstance(m.backend, ServedGeneration) for m in llm)
+
+
+@pytest.mark.slow
+def test_a_verbalized_simulator_states_its_candidates_on_the_policys_server(vllm_server):
+    from simpop.envs.registration import make
+
+    config = _config(f"vllm:{vllm_server.url}", ("verbalized",))
+    env = make(config.env_id, **config.env_kwargs())
+    trainer = build_trainer("verbalized", config, 0, env, simulator_backends(config))
+    sim = trainer.training_simulator
+    assert isinstance(sim.backend, ServedGeneration)
+    trainer.step()
+    # Its JSON is generated with the server's structured output (greedy): most calls parse.
+    assert sim.stats["calls"] == 4 and sim.stats["fallbacks"] < sim.stats["calls"] / 2
