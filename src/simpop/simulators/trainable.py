@@ -262,7 +262,7 @@ def dialogue_rows(episodes: Sequence[LLMEpisode]) -> Rows:
         previous: list[int] | None = None
         for turn in episode.turns:
             sequence = turn.prompt_ids + turn.token_ids
-            if previous is None or len(turn.prompt_ids) < len(previous) or turn.prompt_ids[:len(previous)] != previous:
+            if previous is None or turn.prompt_ids[:len(previous)] != previous:
                 rows.sequences.append(sequence)
                 rows.masks.append([0] * len(sequence))
                 rows.episode.append(index)
