@@ -53,6 +53,8 @@ class FakeVLLM:
                     if token_ids:
                         choice["token_ids"] = ids
                     self._send({"choices": [choice]})
+                elif self.path == "/v1/chat/completions":
+                    self._send({"choices": [{"message": {"content": "Maybe."}, "finish_reason": "stop"}]})
                 elif self.path == "/v1/load_lora_adapter":
                     if body["lora_name"] in fake.adapters:
                         self._send({"error": {"message": "has already been loaded"}}, status=400)

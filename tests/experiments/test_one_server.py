@@ -5,9 +5,8 @@ from __future__ import annotations
 
 import pytest
 
-from simpop.agents.vllm_backend import ServedGeneration, VLLMBackend
-from simpop.experiments.conditions import (CollapseConfig, build_panel, build_trainer, on_policy_server, one_server,
-                                           simulator_backends)
+from simpop.agents.vllm_backend import ServedGeneration, VLLMBackend, on_policy_server
+from simpop.experiments.conditions import CollapseConfig, build_panel, build_trainer, one_server, simulator_backends
 
 
 def _config(generator: str, conditions: tuple[str, ...] = ("frozen",)) -> CollapseConfig:
@@ -72,7 +71,6 @@ def test_a_text_run_generates_on_the_policys_server_and_scores_surveys_in_proces
     trainer = build_trainer("frozen", config, 0, env, backends)
     sim = trainer.training_simulator
     assert isinstance(sim.backend, ServedGeneration) and sim.backend.local is backends["smollm2"]
-    assert backends["trainable:smollm2"] not in vars(sim.backend).values()
     metrics = trainer.step()
     assert metrics["generator_version"] == 1  # the policy generated there too, and was synced
     assert calls and {model for model, _ in calls} == {"smollm2"}  # the base model: no adapter

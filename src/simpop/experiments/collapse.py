@@ -82,8 +82,8 @@ import numpy as np
 from simpop.experiments.conditions import (COTRAINED, CORPUS_PANEL_TEMPERATURES, PANEL_JITTER, PANEL_TEMPERATURES,
                                            ROBUST_PANEL_TEMPERATURES, TEXT_PANEL_LLM_TEMPERATURES, CollapseConfig,
                                            build_panel, build_trainer, condition_cotrain, evaluate_run, extra_panels,
-                                           on_policy_server, one_server, read_records, shared_model_members,
-                                           simulator_backends, simulator_specs, write_card)
+                                           one_server, read_records, shared_model_members, simulator_backends,
+                                           simulator_specs, write_card)
 from simpop.train.cotrain import CoTrainConfig
 from simpop.train.config import changed_settings, to_dict
 
@@ -99,6 +99,7 @@ def run_one(config: CollapseConfig, condition: str, seed: int, out: Path, resume
     import torch
 
     from simpop import checkpoint
+    from simpop.agents.vllm_backend import on_policy_server
     from simpop.envs.registration import make
     from simpop.evaluation.panel import EnvPool, evaluate
     from simpop.train.loop import LoopConfig, run

@@ -321,25 +321,6 @@ def simulator_backends(config: CollapseConfig) -> dict[str, Any]:
             f"trainable:{model}": TransformersBackend(model, dtype=dtype, prefix_cache=cache)}
 
 
-def on_policy_server(backends: dict[str, Any], policy: Any) -> dict[str, Any]:
-    """``backends`` with every local model of the policy's base generating on the policy's vLLM server (frozen and
-    verbalized simulators, the panels' LLM members; :class:`~simpop.agents.vllm_backend.ServedGeneration`: they
-    still score in process), so that a run's generation is one server's batch; as they are without a server.
-    Co-trained simulators (``trainable:`` models) take their own adapters there (``CoTrainer``)."""
-    generator = getattr(policy, "generator", None)
-    if generator is None:
-        return backends
-    from simpop.agents.vllm_backend import ServedGeneration, VLLMBackend
-
-    base = Path(policy.backend.path).resolve()
-    served = dict(backends)
-    for spec, backend in backends.items():
-        path = getattr(backend, "path", None)
-        if not spec.startswith("trainable:") and path is not None and Path(path).resolve() == base:
-            served[spec] = ServedGeneration(backend, VLLMBackend(generator.client.base_url, generator.client.name))
-    return served
-
-
 @contextlib.contextmanager
 def one_server(config: CollapseConfig) -> Iterator[CollapseConfig]:
     """``config`` with ``--model.generator vllm:launch`` made one vLLM server for all its runs (started here,
@@ -382,6 +363,7 @@ def build_trainer(condition: str, config: CollapseConfig, seed: int, env: Any,
     """The trainer of one condition and seed: GRPO against the condition's simulator, or co-training
     (``backends``: the simulators' loaded models, :func:`simulator_backends`)."""
     from simpop.agents.policy import build_policy
+    from simpop.agents.vllm_backend import on_policy_server
     from simpop.seat import Trainable
     from simpop.simulators.registry import build_many
     from simpop.train.cotrain import CoTrainer

@@ -264,7 +264,14 @@ def build_grpo(env_id: str, env: Any, spec: Any, configs: dict[str, Any], kwargs
 
     grpo = configs["grpo"]
     policy = build_policy(env, configs["model"], grpo.sampling(), grpo.seed)
-    simulator = build_simulator(spec, env)
+    backends: dict[str, Any] = {}
+    simulator = build_simulator(spec, env, backends)
+    if getattr(policy, "generator", None) is not None:
+        from simpop.agents.vllm_backend import on_policy_server
+
+        served = on_policy_server(backends, policy)
+        if served != backends:  # it uses the policy's base model: rebuilt to generate on the policy's server
+            simulator = build_simulator(spec, env, served)
     trainer = GRPOTrainer(env_id, policy, simulator, grpo, env_kwargs=kwargs)
     if configs["rollout"].ray:  # the waves run in Ray workers that build their own envs and simulator from spec
         if isinstance(spec, dict) and spec.get("rule") == "rotate":
