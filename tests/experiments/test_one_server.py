@@ -6,13 +6,14 @@ from __future__ import annotations
 import pytest
 
 from simpop.agents.vllm_backend import ServedGeneration, VLLMBackend, on_policy_server
-from simpop.experiments.conditions import CollapseConfig, build_panel, build_trainer, one_server, simulator_backends
+from simpop.experiments.conditions import (CollapseConfig, build_panel, build_trainer, one_server, served_adapters,
+                                           simulator_backends)
 
 
-def _config(generator: str, conditions: tuple[str, ...] = ("frozen",)) -> CollapseConfig:
+def _config(generator: str, conditions: tuple[str, ...] = ("frozen",), **settings) -> CollapseConfig:
     return CollapseConfig(level="text", conditions=conditions, updates=1, eval_every=1, eval_episodes=2, max_turns=1,
                           grpo={"group_size": 2, "scenarios_per_update": 2, "max_new_tokens": 4},
-                          model={"generator": generator, "dtype": "float32", "lora_r": 4, "lora_alpha": 8})
+                          model={"generator": generator, "dtype": "float32", "lora_r": 4, "lora_alpha": 8}, **settings)
 
 
 def test_one_server_is_launched_for_all_runs_and_stopped(monkeypatch):
@@ -37,7 +38,8 @@ def test_one_server_is_launched_for_all_runs_and_stopped(monkeypatch):
     config = _config("vllm:launch", ("frozen", "cotrain"))
     with one_server(config) as runs:
         assert runs.model.generator == "vllm:http://127.0.0.1:1234" and runs.conditions == config.conditions
-        assert events == [("init", "smollm2", {"max_lora_rank": 8}), "start"]  # the sims' rank 8 > the policy's 4
+        # The sims' rank 8 > the policy's 4; cotrain's run serves the policy and one simulator.
+        assert events == [("init", "smollm2", {"max_loras": 2, "max_lora_rank": 8}), "start"]
     assert events[-1] == "stop"
     with pytest.raises(RuntimeError, match="boom"), one_server(config):  # stopped when a run fails too
         raise RuntimeError("boom")
@@ -46,6 +48,17 @@ def test_one_server_is_launched_for_all_runs_and_stopped(monkeypatch):
         with one_server(other) as runs:
             assert runs is other
     assert events.count("start") == 2
+
+
+def test_the_server_holds_every_adapter_of_the_runs_that_go_at_once():
+    assert served_adapters(_config("vllm:launch", ("frozen", "verbalized"))) == 1  # the policy's
+    # Population co-training: the policy, K = 3 simulators and a pool of 5 snapshots, per run.
+    population = ("frozen", "cotrain", "population")
+    assert served_adapters(_config("vllm:launch", population)) == 9
+    assert served_adapters(_config("vllm:launch", population, seeds=2, workers=4)) == 4 * 9
+    assert served_adapters(_config("vllm:launch", ("cotrain",), seeds=2, workers=4)) == 2 * 2  # two runs in all
+    small = _config("vllm:launch", population, cotrain={"population_size": 2, "pool_size": 1})
+    assert served_adapters(small) == 4
 
 
 def test_without_a_server_the_simulators_generate_in_process():

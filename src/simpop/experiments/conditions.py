@@ -325,7 +325,8 @@ def simulator_backends(config: CollapseConfig) -> dict[str, Any]:
 def one_server(config: CollapseConfig) -> Iterator[CollapseConfig]:
     """``config`` with ``--model.generator vllm:launch`` made one vLLM server for all its runs (started here,
     stopped on leaving): each run's policy, simulators and panel LLM members generate there (the policy and
-    co-trained simulators under their versioned adapters); any other config as it is."""
+    co-trained simulators under their versioned adapters); any other config as it is. The server takes the
+    largest adapter rank, and as many adapters in a batch as :func:`served_adapters` counts."""
     if config.level != "text" or config.model.generator != "vllm:launch":
         yield config
         return
@@ -335,11 +336,26 @@ def one_server(config: CollapseConfig) -> Iterator[CollapseConfig]:
 
     specs = [SimulatorSpec.parse(spec) for c in config.conditions for spec in simulator_specs(c, config).values()]
     rank = max([config.model.lora_r] + [spec.params["lora_r"] for spec in specs if spec.kind == "trainable"])
-    server = VLLMServer(config.model.model, max_lora_rank=lora_rank_limit(rank)).start()
+    server = VLLMServer(config.model.model, max_loras=served_adapters(config),
+                        max_lora_rank=lora_rank_limit(rank)).start()
     try:
         yield dataclasses.replace(config, model=dataclasses.replace(config.model, generator=f"vllm:{server.url}"))
     finally:
         server.stop()
+
+
+def served_adapters(config: CollapseConfig) -> int:
+    """The most LoRA adapters ``config``'s runs generate under at once on one server: per run its policy, its
+    co-trained simulators and their checkpoint pool's snapshots (each loaded while it is in the pool), times the
+    runs that go at once (``workers``)."""
+    def per_run(condition: str) -> int:
+        if condition.partition("+")[0] not in COTRAINED:
+            return 1
+        cotrain = condition_cotrain(condition, config.cotrain)
+        return 1 + cotrain.population_size + cotrain.pool_size
+
+    runs = min(config.workers, len(config.conditions) * config.seeds)
+    return runs * max(per_run(condition) for condition in config.conditions)
 
 
 def policy_configs(config: CollapseConfig, seed: int) -> tuple[ModelConfig, GRPOConfig]:
