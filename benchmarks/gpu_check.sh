@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# GPU check, in three stages (STAGES, default "torch vllm verl"; about 8 minutes plus verl's install and run):
+# GPU check, in stages (STAGES, default "torch vllm verl"; about 8 minutes plus verl's install and run):
 # - torch (benchmarks/gpu_torch_check.py, no vLLM): the embedded SmolLM2 on CUDA next to the same machine's CPU:
 #   scoring and LoRA gradients against the CPU's float32, greedy generation tokens/s, and `simpop train cotrain` with
 #   two co-trained LoRA simulators on CUDA and on the CPU;
@@ -8,7 +8,10 @@
 #   update, and print generation tokens/s and the update time; then play four P4G dialogues through simpop's verl
 #   agent loop (simpop.integrations.verl_agent_loop) with the policy's tokens from vLLM;
 # - verl: verl's own trainer (main_ppo: Ray, FSDP actor, its vLLM rollout replica, AgentLoopManager) trains SmolLM2
-#   for two GRPO steps on P4G dialogues played by that agent loop.
+#   for two GRPO steps on P4G dialogues played by that agent loop;
+# - collapse (not in the default: STAGES=collapse; never yet run on a GPU, so it is given 8 minutes): issue 29's
+#   text-level collapse preset, each condition for 2 updates in torch and then on one vLLM server that all runs
+#   share (benchmarks/text_collapse_speed.py), printing the ratios.
 #
 # Run from the repository root on a machine with an NVIDIA GPU:  bash benchmarks/gpu_check.sh
 # Packages come from PyPI (or WHEELS=/dir with every wheel, for a machine without network). VENV=/path reuses an
@@ -25,7 +28,7 @@ nvidia-smi --query-gpu=name,memory.total --format=csv,noheader
 
 PIP_OPTS=(-q --disable-pip-version-check)
 [ -n "${WHEELS:-}" ] && PIP_OPTS+=(--no-index --find-links "$WHEELS")
-if [[ "$STAGES" == *" vllm "* || "$STAGES" == *" verl "* || -z "${PYTHON:-}" ]]; then
+if [[ "$STAGES" == *" vllm "* || "$STAGES" == *" verl "* || "$STAGES" == *" collapse "* || -z "${PYTHON:-}" ]]; then
   test -x "$VENV/bin/python" || python3 -m venv "$VENV"
   # vllm 0.32.0 pins torch==2.13.0, as simpop does: on a GPU machine PyPI's default torch 2.13.0 is the CUDA build.
   "$VENV/bin/python" -m pip install "${PIP_OPTS[@]}" -e '.[llm,vllm]'
@@ -56,16 +59,16 @@ import simpop
 from simpop.agents.policy import LLMPolicy
 from simpop.agents.transformers_backend import TransformersBackend
 from simpop.agents.vllm_backend import VLLMBackend, VLLMGenerator
-from simpop.agents.vllm_server import VLLMServer
+from simpop.agents.vllm_server import TRAINER_GPU_SHARE, VLLMServer
 from simpop.envs.persuasion.simulators import native_text
 from simpop.train.grpo import GRPOConfig, GRPOTrainer
 
 assert torch.cuda.is_available(), "no CUDA device visible to torch"
 env_id, env_kwargs = "simpop/Persuasion-v0", {"max_turns": 3}
 t0 = time.perf_counter()
-# The trainer shares the GPU: the server takes a third of its memory.
-server = VLLMServer("smollm2", dtype="bfloat16", max_lora_rank=16,
-                    extra_args=["--gpu-memory-utilization", "0.3"], startup_timeout_s=300).start()
+# The trainer shares the GPU: the server takes TRAINER_GPU_SHARE of its memory, as `vllm:launch` does.
+server = VLLMServer("smollm2", dtype="bfloat16", max_lora_rank=16, gpu_memory_utilization=TRAINER_GPU_SHARE,
+                    startup_timeout_s=300).start()
 print(f"vLLM server healthy in {time.perf_counter() - t0:.1f} s at {server.base_url}")
 try:
     config = GRPOConfig(group_size=8, scenarios_per_update=4, max_new_tokens=64, seed=0)
@@ -128,6 +131,11 @@ finally:
     server.stop()
 EOF
 echo "vllm stage: $(( $(date +%s) - start )) s"
+fi
+
+if [[ "$STAGES" == *" collapse "* ]]; then
+  SIMPOP_VLLM_PYTHON="$VENV/bin/python" timeout 480 "$VENV/bin/python" benchmarks/text_collapse_speed.py --updates 2
+  echo "collapse stage: $(( $(date +%s) - start )) s"
 fi
 
 if [[ "$STAGES" == *" verl "* ]]; then

@@ -14,8 +14,8 @@ import pytest
 from simpop.agents.base import SamplingParams
 from simpop.agents.openai_backend import RemoteBackendError
 from simpop.agents.policy import ModelConfig
-from simpop.agents.vllm_backend import (VLLMBackend, VLLMGenerator, adapter_version_name, lora_rank_limit,
-                                        parse_generator)
+from simpop.agents.vllm_backend import (VLLMBackend, VLLMGenerator, adapter_version_name, build_generator,
+                                        lora_rank_limit, parse_generator)
 from simpop.agents.vllm_server import VLLMServer, VLLMServerError, VLLMUnavailable, find_vllm_python
 
 
@@ -183,15 +183,13 @@ def test_specs_and_names():
 
 
 def test_generator_from_a_running_server_serves_its_base_model(fake):
-    from simpop.agents.vllm_backend import build_generator
-
     generator = build_generator(f"vllm:{fake.url}", "smollm2", tokenizer=None, adapter="policy")
     assert generator.client.name == "smollm2" and generator.client.base_url == f"{fake.url}/v1"
     assert generator.served == "smollm2"
 
 
 def test_a_running_server_must_serve_the_model_asked_for(fake, tmp_path):
-    from simpop.agents.vllm_backend import ServedModels, build_generator, served_base
+    from simpop.agents.vllm_backend import ServedModels, served_base
 
     assert served_base(fake.url, "smollm2") == (f"{fake.url}/v1", "smollm2")  # by the name it serves
     folder = tmp_path / "SmolLM2-135M-Instruct"
@@ -252,6 +250,39 @@ def test_a_cpu_build_runs_every_prefill_whole(monkeypatch, tmp_path, vllm_python
     monkeypatch.setattr(vllm_server, "cpu_build", lambda python: True)
     own = VLLMServer(folder, "m", python=sys.executable, extra_args=["--max-num-batched-tokens=512"]).command()
     assert "--no-enable-chunked-prefill" not in own and own[-1] == "--max-num-batched-tokens=512"  # the user's
+
+
+def test_a_server_launched_for_training_leaves_the_gpu_to_the_trainer(monkeypatch, tmp_path):
+    import simpop.agents.vllm_server as vllm_server
+
+    folder = tmp_path / "model"
+    folder.mkdir()
+    (folder / "config.json").write_text("{}")
+    for cpu in (False, True):
+        monkeypatch.setattr(vllm_server, "cpu_build", lambda python, cpu=cpu: cpu)
+        command = VLLMServer(folder, "m", python=sys.executable, gpu_memory_utilization=0.3).command()
+        assert (command[command.index("--gpu-memory-utilization") + 1] == "0.3") if not cpu else (
+            "--gpu-memory-utilization" not in command)  # the CPU build sizes its KV cache by kv_cache_gb
+        assert "--gpu-memory-utilization" not in VLLMServer(folder, "m", python=sys.executable).command()
+    for share in (0, 1.5):
+        with pytest.raises(ValueError, match="gpu_memory_utilization"):
+            VLLMServer(folder, "m", python=sys.executable, gpu_memory_utilization=share)
+
+    launched = []
+
+    class Server:
+        base_url, served_name = "http://127.0.0.1:1/v1", "m"
+
+        def __init__(self, model, **options):
+            launched.append(options)
+
+        def start(self):
+            return self
+
+    monkeypatch.setattr(vllm_server, "VLLMServer", Server)
+    build_generator("vllm:launch", folder, None, "policy", lora_rank=4)
+    build_generator("vllm:launch", folder, None, "policy", gpu_memory_utilization=0.6)
+    assert [o["gpu_memory_utilization"] for o in launched] == [vllm_server.TRAINER_GPU_SHARE, 0.6]
 
 
 @pytest.mark.slow

@@ -39,7 +39,8 @@ def test_one_server_is_launched_for_all_runs_and_stopped(monkeypatch):
     with one_server(config) as runs:
         assert runs.model.generator == "vllm:http://127.0.0.1:1234" and runs.conditions == config.conditions
         # The sims' rank 8 > the policy's 4; cotrain's run serves the policy and one simulator.
-        assert events == [("init", "smollm2", {"max_loras": 2, "max_lora_rank": 8}), "start"]
+        assert events == [("init", "smollm2", {"max_loras": 2, "max_lora_rank": 8,
+                                               "gpu_memory_utilization": vllm_server.TRAINER_GPU_SHARE}), "start"]
     assert events[-1] == "stop"
     with pytest.raises(RuntimeError, match="boom"), one_server(config):  # stopped when a run fails too
         raise RuntimeError("boom")

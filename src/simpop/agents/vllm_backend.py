@@ -403,8 +403,9 @@ def build_generator(spec: str, model: str | Path, tokenizer: str | Path, adapter
     target = parse_generator(spec)
     server = None
     if target == "launch":
-        from simpop.agents.vllm_server import VLLMServer
+        from simpop.agents.vllm_server import TRAINER_GPU_SHARE, VLLMServer
 
+        server_options.setdefault("gpu_memory_utilization", TRAINER_GPU_SHARE)  # the trainer shares the GPU
         server = VLLMServer(model, max_lora_rank=lora_rank_limit(lora_rank), **server_options).start()
         client = VLLMBackend(server.base_url, server.served_name, tokenizer=tokenizer)
     else:

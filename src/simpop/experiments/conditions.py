@@ -326,18 +326,19 @@ def one_server(config: CollapseConfig) -> Iterator[CollapseConfig]:
     """``config`` with ``--model.generator vllm:launch`` made one vLLM server for all its runs (started here,
     stopped on leaving): each run's policy, simulators and panel LLM members generate there (the policy and
     co-trained simulators under their versioned adapters); any other config as it is. The server takes the
-    largest adapter rank, and as many adapters in a batch as :func:`served_adapters` counts."""
+    largest adapter rank, as many adapters in a batch as :func:`served_adapters` counts, and on a GPU
+    ``TRAINER_GPU_SHARE`` of its memory (the runs train on the same GPU)."""
     if config.level != "text" or config.model.generator != "vllm:launch":
         yield config
         return
     from simpop.agents.vllm_backend import lora_rank_limit
-    from simpop.agents.vllm_server import VLLMServer
+    from simpop.agents.vllm_server import TRAINER_GPU_SHARE, VLLMServer
     from simpop.seat import SimulatorSpec
 
     specs = [SimulatorSpec.parse(spec) for c in config.conditions for spec in simulator_specs(c, config).values()]
     rank = max([config.model.lora_r] + [spec.params["lora_r"] for spec in specs if spec.kind == "trainable"])
-    server = VLLMServer(config.model.model, max_loras=served_adapters(config),
-                        max_lora_rank=lora_rank_limit(rank)).start()
+    server = VLLMServer(config.model.model, max_loras=served_adapters(config), max_lora_rank=lora_rank_limit(rank),
+                        gpu_memory_utilization=TRAINER_GPU_SHARE).start()
     try:
         yield dataclasses.replace(config, model=dataclasses.replace(config.model, generator=f"vllm:{server.url}"))
     finally:
