@@ -48,5 +48,5 @@ def test_a_simulator_on_the_policys_base_generates_on_its_server(fake, tiny_mode
     shutil.copytree(tiny_model, other)
     sim = _trainer(tiny_model, f"frozen:transformers:{other}", f"vllm:{fake.url}").training_simulator
     assert not isinstance(sim.backend, ServedGeneration) and sim.backend.path == other
-    sim = _trainer(tiny_model, f"frozen:transformers:{tiny_model}", "").training_simulator  # the policy in torch: so is it
-    assert not isinstance(sim.backend, ServedGeneration)
+    sim = _trainer(tiny_model, f"frozen:transformers:{tiny_model}", "").training_simulator
+    assert not isinstance(sim.backend, ServedGeneration)  # the policy generates in torch: so does the simulator
