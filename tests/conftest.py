@@ -1,8 +1,34 @@
-"""Session-wide fixtures shared by test folders."""
+"""Session-wide fixtures shared by test folders, and the suite's derived marks, schedule and Hypothesis budgets."""
 
 from __future__ import annotations
 
+import os
+
 import pytest
+
+import tests.hypothesis_budget  # noqa: F401  (loads the Hypothesis profile before any test module)
+from tests.scheduling import DurationRecorder, mark_and_order, recorded_durations
+
+
+def pytest_addoption(parser):
+    parser.addoption("--store-durations", action="store_true",
+                     help="record each test's seconds in tests/durations.json (slow marks and order derive from it)")
+
+
+def pytest_configure(config):
+    if hasattr(config, "workerinput"):  # an xdist worker: one torch thread, for it and the processes it starts
+        os.environ["OMP_NUM_THREADS"] = "1"
+        import torch
+
+        torch.set_num_threads(1)
+    else:  # the controller (or a plain run) sees every test's report
+        config.pluginmanager.register(
+            DurationRecorder(config.getoption("--store-durations"), recorded_durations()), "simpop-durations")
+
+
+@pytest.hookimpl(tryfirst=True)
+def pytest_collection_modifyitems(config, items):
+    mark_and_order(items, recorded_durations())
 
 
 @pytest.fixture(scope="session")
@@ -60,3 +86,12 @@ def tiny_model(tmp_path_factory):
     LlamaForCausalLM(config).save_pretrained(folder)
     tokenizer.save_pretrained(folder)
     return folder
+
+
+@pytest.fixture(scope="session")
+def smollm2():
+    """The embedded SmolLM2 in float32, loaded once per worker and shared: read-only (generate, encode, score).
+    A test that trains, adds adapters or changes the backend's settings builds its own (or uses ``tiny_model``)."""
+    from simpop.agents.transformers_backend import TransformersBackend
+
+    return TransformersBackend("smollm2")

@@ -68,7 +68,6 @@ def run_page(page: Path, tmp_path: Path, timeout: float = 600) -> str:
     return output
 
 
-@pytest.mark.slow
 @pytest.mark.parametrize("page", TUTORIALS, ids=[p.stem for p in TUTORIALS])
 def test_tutorial_runs(page, tmp_path):
     output = run_page(page, tmp_path)
@@ -191,7 +190,6 @@ def test_the_docstring_check_finds_a_missing_docstring(tmp_path):
                                                                          "simpop.thing.Bare.method"]
 
 
-@pytest.mark.slow
 def test_the_site_builds_strictly_into_a_static_folder(tmp_path):
     site = tmp_path / "site"
     done = subprocess.run([sys.executable, "-m", "mkdocs", "build", "--strict", "--site-dir", str(site)], cwd=ROOT,

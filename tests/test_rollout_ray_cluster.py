@@ -6,6 +6,7 @@ when no replacement can start, and the metrics count it."""
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import signal
@@ -52,8 +53,8 @@ def _kill(pids: list[int]) -> None:
             pass
 
 
-@pytest.fixture(scope="module")
-def two_nodes():
+@contextlib.contextmanager
+def _cluster():
     """A head (1 CPU) and a second node (1 CPU, its own node-manager port) on 127.0.0.1; stopped by killing exactly
     the processes of this cluster (``ray stop`` would stop every Ray on the machine)."""
     temp = f"/tmp/ray-{uuid.uuid4().hex[:8]}"
@@ -73,7 +74,13 @@ def two_nodes():
         _kill(_pids(*markers))
 
 
-@pytest.mark.slow
+@pytest.fixture(scope="module")
+def two_nodes():
+    """One cluster for the tests that leave it whole."""
+    with _cluster() as cluster:
+        yield cluster
+
+
 def test_a_killed_driver_takes_its_workers_with_it_and_the_run_resumes(two_nodes, tmp_path):
     env, address, _ = two_nodes
     run = tmp_path / "run"
@@ -101,7 +108,6 @@ def test_a_killed_driver_takes_its_workers_with_it_and_the_run_resumes(two_nodes
     assert steps == list(range(1, 9))  # resumed from the last checkpoint: every update once
 
 
-@pytest.mark.slow
 def test_more_workers_than_the_cluster_holds_is_a_clear_error(two_nodes, tmp_path):
     env, address, _ = two_nodes
     code = ("import sys, simpop.rollout_ray as r; r.WORKER_START_S = 15.0; from simpop.cli import main; "
@@ -116,9 +122,12 @@ def test_more_workers_than_the_cluster_holds_is_a_clear_error(two_nodes, tmp_pat
     assert "lower --ray-workers" in line and not (tmp_path / "run" / "metrics.jsonl").exists()
 
 
-@pytest.mark.slow
-def test_training_joins_the_cluster_and_survives_a_dead_worker_node(two_nodes, tmp_path):
-    env, address, node_port = two_nodes
+def test_training_joins_the_cluster_and_survives_a_dead_worker_node(tmp_path):
+    with _cluster() as cluster:  # its own: the node it kills stays dead
+        _train_through_a_dead_node(*cluster, tmp_path)
+
+
+def _train_through_a_dead_node(env, address, node_port, tmp_path):
     run = tmp_path / "run"
     # The driver is its own process (it joins the cluster); workers may take 15 s to start, not 60. Each update
     # waits 1 s before its rollouts, so the node dies while updates remain however fast this machine steps.

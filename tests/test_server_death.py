@@ -17,13 +17,11 @@ import sys
 import time
 
 import httpx
-import pytest
 
 from simpop import checkpoint
 from simpop.agents.vllm_server import free_port
 from simpop.cli import main
 
-pytestmark = pytest.mark.slow
 UPDATES = 4
 
 

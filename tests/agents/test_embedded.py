@@ -60,7 +60,6 @@ def test_unknown_embedded_model():
         embedded_model_path("gpt5")
 
 
-@pytest.mark.slow
 def test_conversion_into_a_fresh_cache(monkeypatch, tmp_path, one_torch_thread):
     from simpop.agents.transformers_backend import TransformersBackend
 

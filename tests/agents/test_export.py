@@ -153,7 +153,6 @@ def _live(policy, ids) -> torch.Tensor:
     return _logits(policy.backend.model, ids)
 
 
-@pytest.mark.slow
 def test_lora_policy_exports_a_merged_hf_model(lora_policy, tmp_path):
     from transformers import AutoModelForCausalLM
 
@@ -196,7 +195,6 @@ def test_lora_policy_exports_a_merged_hf_model(lora_policy, tmp_path):
     torch.testing.assert_close(_logits(reloaded.backend.model, ids), live, rtol=1e-4, atol=atol)
 
 
-@pytest.mark.slow
 def test_lora_policy_exports_a_peft_adapter_with_its_base(lora_policy, tmp_path):
     from peft import PeftModel
     from transformers import AutoModelForCausalLM
@@ -220,7 +218,6 @@ def test_lora_policy_exports_a_peft_adapter_with_its_base(lora_policy, tmp_path)
     assert all(torch.equal(v, lora_policy.state_dict()[k]) for k, v in reloaded.state_dict().items())
 
 
-@pytest.mark.slow
 def test_full_fine_tune_exports_its_weights(tmp_path, one_torch_thread):
     from transformers import AutoModelForCausalLM
 

@@ -9,7 +9,7 @@ from simpop.agents.base import SamplingParams, TrainableBackend
 from simpop.agents.lora import LoRAAdapter
 from simpop.agents.transformers_backend import TransformersBackend
 
-pytestmark = [pytest.mark.slow, pytest.mark.usefixtures("one_torch_thread")]
+pytestmark = pytest.mark.usefixtures("one_torch_thread")
 
 HELLO = [{"role": "user", "content": "Say hello."}]
 PARAMS = SamplingParams(max_new_tokens=6)

@@ -12,9 +12,7 @@ import os
 import subprocess
 from pathlib import Path
 
-import pytest
 
-pytestmark = pytest.mark.slow
 SRC = Path(__file__).resolve().parents[2] / "src"
 
 CHILD = '''

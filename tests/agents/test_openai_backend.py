@@ -132,7 +132,6 @@ def test_bad_chats_and_specs():
         load_backend("openai:http://127.0.0.1:8000/v1")
 
 
-@pytest.mark.slow
 def test_real_model_round_trip_matches_the_in_process_backend(one_torch_thread):
     model = load_backend("smollm2")
     params = SamplingParams(max_new_tokens=4, logprobs=True)

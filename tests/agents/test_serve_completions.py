@@ -194,11 +194,8 @@ def test_a_refused_stream_is_a_plain_json_error(served):
     assert reply.status_code == 400 and reply.headers["content-type"] == "application/json"
 
 
-@pytest.mark.slow
-def test_real_model_completions_and_top_logprobs(one_torch_thread):
-    from simpop.agents import load_backend
-
-    model = load_backend("smollm2")
+def test_real_model_completions_and_top_logprobs(smollm2, one_torch_thread):
+    model = smollm2
     ids = model.encode_chat(CHAT)
     with make_server(model, port=0).start() as server:
         chat = httpx.post(f"{server.url}/chat/completions", json={

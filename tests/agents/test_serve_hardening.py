@@ -77,7 +77,6 @@ def test_lone_surrogates_are_400_not_500(body):
         assert reply.status_code == 400 and "not valid Unicode" in reply.json()["error"]["message"]
 
 
-@pytest.mark.slow
 def test_a_transformers_backend_stops_at_the_next_token_when_asked(one_torch_thread):
     from simpop.agents.base import SamplingParams
     from simpop.agents.transformers_backend import TransformersBackend

@@ -140,14 +140,6 @@ ASKS = [
 ]
 
 
-@pytest.fixture(scope="module")
-def smollm2(one_torch_thread):
-    from simpop.agents.transformers_backend import TransformersBackend
-
-    return TransformersBackend("smollm2")
-
-
-@pytest.mark.slow
 @pytest.mark.parametrize("params", [SamplingParams(max_new_tokens=96, json_schema=SCHEMA),
                                     SamplingParams(max_new_tokens=96, json_schema=SCHEMA, temperature=1.0,
                                                    top_p=0.9, seed=3, logprobs=True)],
@@ -166,7 +158,6 @@ def test_a_batch_of_four_follows_the_schema(smollm2, params):
     assert not all(follows(g.text, 2, 24) for g in unconstrained)  # the constraint is what makes them valid
 
 
-@pytest.mark.slow
 def test_the_prefix_cache_composes_with_the_constraint(smollm2):
     params = SamplingParams(max_new_tokens=96, json_schema=SCHEMA)
     chats = [[{"role": "system", "content": "You answer in JSON."}, {"role": "user", "content": ask}] for ask in ASKS]
@@ -184,7 +175,6 @@ def test_the_prefix_cache_composes_with_the_constraint(smollm2):
     assert all(follows(g.text, 2, 24) for g in cached)
 
 
-@pytest.mark.slow
 def test_the_mask_allows_the_schema_then_only_end_of_turn(smollm2):
     import torch
 
@@ -208,7 +198,6 @@ def test_the_mask_allows_the_schema_then_only_end_of_turn(smollm2):
         smollm2.generate([CHAT], SamplingParams(max_new_tokens=4, json_schema={"type": "no-such-type"}))
 
 
-@pytest.mark.slow
 def test_simpop_serve_answers_structured_output_with_the_constrained_model(smollm2):
     with make_server(smollm2, port=0).start() as server:
         generations = OpenAIBackend(server.url, "smollm2").generate(

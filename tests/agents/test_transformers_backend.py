@@ -5,11 +5,10 @@ from __future__ import annotations
 import pytest
 import torch
 
-from simpop.agents import load_backend
 from simpop.agents.base import SamplingParams, TokenBackend
 from simpop.agents.transformers_backend import TransformersBackend
 
-pytestmark = [pytest.mark.slow, pytest.mark.usefixtures("one_torch_thread")]
+pytestmark = pytest.mark.usefixtures("one_torch_thread")
 
 HELLO = [{"role": "user", "content": "Say hello."}]
 FRANCE = [{"role": "user", "content": "What is the capital of France?"}]
@@ -20,10 +19,9 @@ LONG = [
 
 
 @pytest.fixture(scope="module")
-def backend(one_torch_thread) -> TransformersBackend:
-    backend = load_backend("smollm2")
-    assert isinstance(backend, TransformersBackend) and isinstance(backend, TokenBackend)
-    return backend
+def backend(smollm2, one_torch_thread) -> TransformersBackend:
+    assert isinstance(smollm2, TransformersBackend) and isinstance(smollm2, TokenBackend)
+    return smollm2
 
 
 def test_encode_chat_uses_the_chat_template(backend):

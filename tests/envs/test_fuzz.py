@@ -27,6 +27,7 @@ from hypothesis import strategies as st
 import simpop
 from simpop.envs.registration import spec
 from tests.envs.registry_kwargs import kwargs_for
+from tests.hypothesis_budget import examples as budget
 
 IDS = simpop.ids()
 
@@ -38,7 +39,7 @@ SMALL: dict[str, dict[str, Any]] = {
     "simpop.envs.tau2.env:Tau2Env": {"max_steps": 8, "max_errors": 3},
     "simpop.envs.cooperbench.env:CooperBenchEnv": {"max_steps": 4},
 }
-#: Hypothesis examples and steps per example, by entry point (about 40 s for every id together on 2 busy CPUs).
+#: Hypothesis examples (the thorough budget: tests/hypothesis_budget.py) and steps per example, by entry point.
 BUDGET: dict[str, tuple[int, int]] = {
     "simpop.envs.persuasion.env:PersuasionEnv": (100, 30),
     "simpop.envs.persuasion.env:PersuasionActEnv": (100, 30),
@@ -192,7 +193,8 @@ def test_every_registered_id_is_fuzzed():
 @pytest.mark.parametrize("env_id", IDS)
 def test_random_actions_from_both_seats_never_crash_and_end_consistently(env_id):
     env = make_small(env_id)
-    examples, max_steps = BUDGET_BY_ID.get(env_id, BUDGET[spec(env_id).entry_point])
+    thorough, max_steps = BUDGET_BY_ID.get(env_id, BUDGET[spec(env_id).entry_point])
+    examples = budget(thorough)
 
     counts = {"steps": 0, "accepted": 0, "rejected": 0, "episodes": 0}
 

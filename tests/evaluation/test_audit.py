@@ -98,7 +98,6 @@ def test_unknown_history_ids_are_listed():
         select_histories("greeting,nope")
 
 
-@pytest.mark.slow
 def test_cli_runs_the_embedded_model(tmp_path, capsys):
     import torch
 

@@ -142,7 +142,6 @@ def test_text_policy_seeds_calls_from_the_rollout_generator():
     assert not hasattr(policy, "entropy")  # untracked: the runner reports no entropy
 
 
-@pytest.mark.slow
 def test_tau2_gold_and_cooperbench_gold_references(tmp_path):
     from simpop.evaluation.eval_run import EPISODES, evaluate_panel, read_records
     from simpop.simulators.registry import load_panel
@@ -180,7 +179,6 @@ def test_tau2_gold_and_cooperbench_gold_references(tmp_path):
     assert summary["errors"] == 0 and summary["invalid_actions"] == 0 and summary["episodes"] == 2
 
 
-@pytest.mark.slow
 def test_a_real_training_run_evaluates(tmp_path):
     from simpop.cli import main
 
@@ -196,7 +194,6 @@ def test_a_real_training_run_evaluates(tmp_path):
     assert json.loads((out / "summary.json").read_text())["episodes"] == 12
 
 
-@pytest.mark.slow
 def test_a_local_text_model_is_deterministic_and_resumes_exactly(tmp_path):
     from simpop.agents.base import SamplingParams
     from simpop.evaluation.eval_run import EPISODES, evaluate_panel, read_records
@@ -221,7 +218,6 @@ def test_a_local_text_model_is_deterministic_and_resumes_exactly(tmp_path):
     assert sorted(r.to_json() for r in read_records(tmp_path / "b" / EPISODES)) == sorted(line.strip() for line in lines)
 
 
-@pytest.mark.slow
 def test_text_policies_use_cooperbenchs_format_for_the_policy_seat(tmp_path):
     from simpop.evaluation.eval_run import EPISODES, evaluate_panel, read_records
     from simpop.simulators.registry import load_panel

@@ -20,7 +20,6 @@ def test_differences_names_each_path():
     assert differences({"a": [1.0, 2.0]}, {"a": [1.0, 2.5], "c": 1}) == ["/c: only in one", "/a[1]: 2.0 vs 2.5"]
 
 
-@pytest.mark.slow
 def test_one_command_remakes_the_files_and_checks_them(tmp_path, monkeypatch, capsys):
     monkeypatch.setattr(diversity, "load_embedder", lambda: embed)  # the text statistics' embedder, not under test
     corpus = write_p4g_corpus(tmp_path / "p4g", n_dialogues=60, n_annotated=40, seed=5)

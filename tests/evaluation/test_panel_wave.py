@@ -111,7 +111,6 @@ def test_cli_refuses_a_bad_sim_generator(tmp_path, capsys) -> None:
     assert code == 2 and "--sim-generator must be" in capsys.readouterr().err
 
 
-@pytest.mark.slow
 def test_eval_with_llm_members_on_a_vllm_server(vllm_server, tmp_path) -> None:
     """τ² mock with the gold agent: the scripted user and two SmolLM2 users (greedy and sampled) in one wave,
     the SmolLM2 users generating on one vLLM server (the session's), their calls of a tick sent together."""

@@ -67,7 +67,6 @@ def test_without_a_server_the_simulators_generate_in_process():
     assert on_policy_server(backends, policy=object()) is backends
 
 
-@pytest.mark.slow
 def test_a_text_run_generates_on_the_policys_server_and_scores_surveys_in_process(vllm_server, monkeypatch):
     from simpop.envs.registration import make
 
@@ -96,7 +95,6 @@ def test_a_text_run_generates_on_the_policys_server_and_scores_surveys_in_proces
     assert llm and all(isinstance(m.backend, ServedGeneration) for m in llm)
 
 
-@pytest.mark.slow
 def test_a_verbalized_simulator_states_its_candidates_on_the_policys_server(vllm_server):
     from simpop.envs.registration import make
 

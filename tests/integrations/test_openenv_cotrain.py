@@ -82,7 +82,6 @@ def test_cotrain_cli_bad_input_is_one_line_and_exit_2(argv, message, capsys):
     assert message in err and len(err.splitlines()) == 1
 
 
-@pytest.mark.slow  # ~10 s: two short training runs and two panel evaluations over loopback
 def test_heldout_example_reports_both_conditions(capsys):
     import importlib.util
     from pathlib import Path
@@ -114,7 +113,6 @@ def test_persona_objective_trains_the_persona_sampler_the_sessions_draw_from():
     assert torch.equal(master.theta.detach(), theta)  # ... and the reply model did not
 
 
-@pytest.mark.slow
 def test_server_cotrains_a_lora_simulator_and_resumes_it(tmp_path):
     """A LoRA (text) simulator behind the server: hosted episodes give it a gradient, its adapter moves, the
     version in metadata rises, and a resumed co-trainer holds the same adapter. Seeds 0-3 of this setting

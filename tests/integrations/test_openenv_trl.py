@@ -10,7 +10,6 @@ import pytest
 pytest.importorskip("openenv", reason="the OpenEnv server needs pip install simpop[openenv]")
 pytest.importorskip("trl", reason="TRL is in simpop[trl]")
 
-pytestmark = pytest.mark.slow
 EXAMPLE = Path(__file__).resolve().parents[2] / "examples" / "trl_openenv_grpo.py"
 
 

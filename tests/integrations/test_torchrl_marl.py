@@ -77,7 +77,6 @@ def _gain(better: np.ndarray, worse: np.ndarray) -> tuple[float, float]:
     return float(better.mean() - worse.mean()), float(se)
 
 
-@pytest.mark.slow
 def test_the_documented_example_trains_both_seats_and_the_policy_seat_alone(one_thread):
     run = {}
     exec(doc_example("train_both_seats("), run)  # docs/integrations.md's TorchRL example, as written

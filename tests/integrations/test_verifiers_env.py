@@ -49,7 +49,6 @@ def text(message):
     return content if isinstance(content, str) else "".join(part.get("text", "") for part in content)
 
 
-@pytest.mark.slow
 def test_both_seats_play_a_p4g_episode_through_verifiers(verifiers_python, endpoints):
     episode = play(verifiers_python, endpoints)
     assert episode["ok"] and not episode["errors"]
@@ -77,13 +76,11 @@ def test_both_seats_play_a_p4g_episode_through_verifiers(verifiers_python, endpo
     assert policy["trainable"] is True and user["trainable"] is False
 
 
-@pytest.mark.slow
 def test_a_trainable_simulator_kind_makes_the_user_agent_trainable(verifiers_python, endpoints):
     episode = play(verifiers_python, endpoints, "--user-simulator", "trainable:smollm2")
     assert episode["ok"] and episode["traces"]["user"]["trainable"] is True
 
 
-@pytest.mark.slow
 def test_the_documented_python_example_runs(verifiers_python, endpoints):
     policy_url, user_url = endpoints
     code = doc_example("env_config(").replace("http://127.0.0.1:8001/v1", policy_url)
@@ -101,7 +98,6 @@ BAD = [
 ]
 
 
-@pytest.mark.slow  # one subprocess importing verifiers (~5 s, more on a busy machine)
 def test_bad_input_is_one_line_and_exit_2(verifiers_python):
     code = f"""
 import contextlib, io, json

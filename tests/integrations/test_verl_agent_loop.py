@@ -73,7 +73,6 @@ def spans(mask):
     return runs
 
 
-@pytest.mark.slow
 def test_a_p4g_dialogue_trains_only_the_policy_tokens(backend):
     (row,) = dataset_rows("simpop/Persuasion-v1", "persuadee", episodes=1, env_kwargs={"max_turns": 2})
     assert row["agent_name"] == AGENT_NAME
@@ -97,7 +96,6 @@ def test_a_p4g_dialogue_trains_only_the_policy_tokens(backend):
     assert out.reward_score == float(info["donated"]) and out.num_turns == len(transcript) + 1
 
 
-@pytest.mark.slow
 def test_the_response_length_caps_a_dialogue(backend):
     (row,) = dataset_rows("simpop/Persuasion-v1", "persuadee", episodes=1, env_kwargs={"max_turns": 5})
     out, _ = play(backend, row, response_length=8)

@@ -12,16 +12,9 @@ from simpop.simulators.registry import build_simulator
 
 
 @pytest.fixture(scope="module")
-def backends():
-    """One embedded backend shared by both seats and every simulator, on one torch thread."""
-    import torch
-
-    from simpop.agents import load_backend
-
-    threads = torch.get_num_threads()
-    torch.set_num_threads(1)  # tiny generations are latency-bound; two threads thrash on a shared CPU
-    yield {"smollm2": load_backend("smollm2")}
-    torch.set_num_threads(threads)
+def backends(smollm2):
+    """One embedded backend shared by both seats and every simulator."""
+    return {"smollm2": smollm2}
 
 
 def persuader_reply(backend, observation: str, seed: int) -> str:
@@ -32,7 +25,6 @@ def persuader_reply(backend, observation: str, seed: int) -> str:
     return text or "Would you donate to Save the Children?"
 
 
-@pytest.mark.slow
 @pytest.mark.parametrize("spec", ["frozen:smollm2?max_new_tokens=12",
                                   "verbalized:smollm2?k=3&max_new_tokens=24&fallback_max_new_tokens=12"])
 def test_text_episode_with_the_embedded_model_in_both_seats(backends, spec):

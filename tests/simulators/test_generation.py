@@ -163,11 +163,8 @@ def test_text_level_falls_back_to_regions_when_the_writer_fails(text_env):
     assert result.stats["writer_fallback"] == 1 and result.added[0].spec.personas.startswith("region-")
 
 
-@pytest.mark.slow
-def test_real_smollm2_writer_answers_through_the_backend_interface():
-    from simpop.agents import load_backend
-
-    writer = DescriptionWriter(load_backend("smollm2"), max_new_tokens=32)
+def test_real_smollm2_writer_answers_through_the_backend_interface(smollm2):
+    writer = DescriptionWriter(smollm2, max_new_tokens=32)
     out = writer.write([[{"seat": "persuader", "text": "Would you donate $1 to Save the Children?"},
                          {"seat": "persuadee", "text": "No, I don't trust charities with my money."}]], 2)
     parsed = sum(writer.stats[k] for k in ("parsed_json", "parsed_embedded_json", "parsed_lines", "unparsed"))

@@ -290,14 +290,7 @@ def test_rollouts_end_every_undecided_dialogue_with_the_survey(simulator, source
         assert all(t.infos[-1]["survey_fallback"] for t in trajectories) and sim.stats["survey_unscored"] == 6
 
 
-# ------------------------------------------------------------------ SmolLM2 (slow)
-@pytest.fixture(scope="module")
-def smollm2():
-    from simpop.agents.transformers_backend import TransformersBackend
-
-    return TransformersBackend("smollm2")
-
-
+# ------------------------------------------------------------------ SmolLM2 (slow; the session's `smollm2`)
 def _p4g_survey_observation(scenario: str = "p4g-0001") -> tuple[Any, str]:
     env = simpop.make("simpop/Persuasion-v1", max_turns=1)
     env.reset(seed=0, options={"scenario_id": scenario})
@@ -307,7 +300,6 @@ def _p4g_survey_observation(scenario: str = "p4g-0001") -> tuple[Any, str]:
     return env.scenario, obs["persuadee"]
 
 
-@pytest.mark.slow
 def test_smollm2_survey_greedy_is_deterministic_and_temperature_one_is_not(smollm2):
     scenario, obs = _p4g_survey_observation()
     survey = survey_of(obs)
@@ -330,7 +322,6 @@ def test_smollm2_survey_greedy_is_deterministic_and_temperature_one_is_not(smoll
     assert set(sampled_answers[0]) <= set(survey.options)
 
 
-@pytest.mark.slow
 def test_smollm2_kv_cache_scores_equal_full_sequence_scores(smollm2):
     """The one-read-then-options scorer gives the same log-probs as ``token_logprobs`` over whole sequences."""
     from simpop.simulators.llm import _score_options
@@ -347,7 +338,6 @@ def test_smollm2_kv_cache_scores_equal_full_sequence_scores(smollm2):
     assert cached == pytest.approx(full, abs=2e-3)
 
 
-@pytest.mark.slow
 def test_smollm2_verbalized_survey_answers_vary_where_greedy_ones_do_not(smollm2):
     """The acceptance check: the frozen-greedy simulator answers a survey one way, the verbalized one does not."""
     scenario, obs = _p4g_survey_observation()

@@ -16,6 +16,7 @@ from simpop.agents.base import SamplingParams
 from simpop.seat import Simulator, SimulatorSpec
 from simpop.simulators.verbalized import FORMAT_REPAIRS, TEXT_PATTERN, VERBALIZED_INSTRUCTIONS, ParseResult, \
     Renormalised, VerbalizedSimulator, parse_verbalized, renormalise, text_budget, verbalized_schema
+from tests.hypothesis_budget import examples
 from tests.simulators.fakes import PHRASES, EchoSimulator, FakeBackend, FakeScenario, observation, verbalized_json
 
 
@@ -90,7 +91,7 @@ def test_parser_cases(text, expected, repair):
         assert result.repairs.get(repair, 0) > 0, result.repairs
 
 
-@settings(max_examples=400, deadline=None)
+@settings(max_examples=examples(400), deadline=None)
 @given(st.text(), st.integers(1, 8))
 def test_parser_never_raises_on_arbitrary_text(text, k):
     assert_valid(parse_verbalized(text, k), k)
@@ -122,13 +123,13 @@ def jsonish(draw) -> str:
     return draw(st.text(max_size=5)) + text + draw(st.text(max_size=5))
 
 
-@settings(max_examples=600, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@settings(max_examples=examples(600), deadline=None, suppress_health_check=[HealthCheck.too_slow])
 @given(jsonish(), st.integers(1, 8))
 def test_parser_never_raises_on_jsonish_text(text, k):
     assert_valid(parse_verbalized(text, k), k)
 
 
-@settings(max_examples=200, deadline=None)
+@settings(max_examples=examples(200), deadline=None)
 @given(st.lists(st.tuples(st.text(min_size=1, max_size=10).filter(str.strip),
                           st.floats(0.001, 1e6)), min_size=1, max_size=5,
                 unique_by=lambda c: " ".join(c[0].split()).casefold()))
@@ -209,7 +210,7 @@ def test_distribution_is_the_renormalised_candidates_or_a_counted_fallback():
     assert sim.stats["fallbacks"] == 1
 
 
-@settings(max_examples=150, deadline=None)
+@settings(max_examples=examples(150), deadline=None)
 @given(st.lists(st.text(max_size=60) | jsonish(), min_size=1, max_size=4))
 def test_simulator_never_crashes_and_counts_every_fallback(answers):
     def respond(chat, params, rng):
@@ -348,7 +349,7 @@ def test_unconstrained_sends_the_same_prompt_without_schema_and_parses_robustly(
 printable = st.text(st.characters(min_codepoint=0x20, max_codepoint=0x7E), min_size=1, max_size=40)
 
 
-@settings(max_examples=300, deadline=None)
+@settings(max_examples=examples(300), deadline=None)
 @given(st.lists(st.tuples(printable.filter(lambda t: re.fullmatch(TEXT_PATTERN, t) is not None),
                           st.integers(0, 100)), min_size=1, max_size=6),
        st.sampled_from([(", ", ": "), (",", ":")]))

@@ -10,21 +10,13 @@ from simpop.agents.base import SamplingParams
 from simpop.evaluation.audit import HISTORIES, observation_for
 from simpop.simulators.verbalized import FORMAT_REPAIRS, VerbalizedSimulator
 
-pytestmark = pytest.mark.slow
 
 
 @pytest.fixture(scope="module")
-def setting():
-    import torch
-
-    from simpop.agents.transformers_backend import TransformersBackend
-
-    threads = torch.get_num_threads()
-    torch.set_num_threads(1)  # tiny generations are latency-bound; two threads thrash on a shared CPU
+def setting(smollm2):
     env = simpop.make("simpop/Persuasion-v0")
     observations = [observation_for(env, h, env.scenario_ids()[0], seed=0) for h in HISTORIES[-2:]]
-    yield TransformersBackend("smollm2"), env.scenario, observations
-    torch.set_num_threads(threads)
+    return smollm2, env.scenario, observations
 
 
 def run(backend, scenario, observations, **kwargs):

@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import json
-import time
+import threading
 
 import numpy as np
 
@@ -26,8 +26,10 @@ class Payload:
 
 
 class Slow:
-    """A persuader that takes 6 s per turn (a slow model)."""
+    """A persuader that thinks until the test opens ``Slow.done`` (a slow model, without sleeping)."""
+
+    done = threading.Event()
 
     def act_batch(self, observations: list[str], rng: np.random.Generator) -> list[str]:
-        time.sleep(6)
+        Slow.done.wait(60)
         return ["Would you give part of your $2?" for _ in observations]

@@ -7,6 +7,7 @@ import httpx
 
 from simpop.study.app import create_app
 from tests.study.conftest import TOKEN, Server, make_study
+from tests.study.policies import Slow
 from tests.study.test_study import play
 
 
@@ -74,6 +75,7 @@ def test_lone_surrogates_are_refused_with_422(served):
 def test_long_polls_against_a_slow_policy_stall_no_one(tmp_path):
     import concurrent.futures
 
+    Slow.done.clear()
     study = make_study(tmp_path / "s", policies={"S": "tests.study.policies:Slow"})
     try:
         with Server(create_app(study, TOKEN, reply_timeout_s=4.0)) as url:
@@ -85,4 +87,5 @@ def test_long_polls_against_a_slow_policy_stall_no_one(tmp_path):
             assert page.status_code == 200
             assert codes.count(200) == 2 and codes.count(429) == 43
     finally:
+        Slow.done.set()
         study.close()

@@ -5,7 +5,6 @@ from __future__ import annotations
 import json
 
 import numpy as np
-import pytest
 import torch
 import yaml
 
@@ -137,7 +136,6 @@ def test_named_panels_train_and_are_checked_against_the_env(tmp_path, capsys):
     assert not (tmp_path / "x").exists()
 
 
-@pytest.mark.slow
 def test_text_lora_run_exports_a_merged_hf_model(tmp_path, capsys):
     from transformers import AutoModelForCausalLM
 

@@ -1,4 +1,5 @@
-"""Co-training at the text level with the embedded model (tiny lengths): a LoRA simulator learns."""
+"""Co-training at the text level on the one-layer ``tiny_model`` (tiny lengths): a LoRA simulator learns; the
+plumbing only (SmolLM2 co-trains in test_cotrain_vllm.py and tests/integrations/test_openenv_cotrain.py)."""
 
 from __future__ import annotations
 
@@ -13,18 +14,17 @@ from simpop.simulators.trainable import TrainableLLMSimulator
 from simpop.train.cotrain import CoTrainConfig, CoTrainer
 from simpop.train.grpo import GRPOConfig, GRPOTrainer
 
-pytestmark = pytest.mark.slow
 ENV = "simpop/Persuasion-v0"
 ENV_KWARGS = {"max_turns": 1}
 
 
-def test_llm_simulator_update_on_shared_rollouts_changes_its_adapter_only():
+def test_llm_simulator_update_on_shared_rollouts_changes_its_adapter_only(tiny_model):
     from simpop.agents.transformers_backend import TransformersBackend
 
     grpo = GRPOConfig(group_size=2, scenarios_per_update=2, max_new_tokens=4, seed=1)
-    policy = LLMPolicy(TransformersBackend("smollm2"), grpo.sampling(), lora=True, lora_r=4, lora_alpha=8,
+    policy = LLMPolicy(TransformersBackend(tiny_model), grpo.sampling(), lora=True, lora_r=4, lora_alpha=8,
                        system_prompt="Ask for a donation.")
-    shared = TransformersBackend("smollm2")  # the simulators' base: one adapter per simulator
+    shared = TransformersBackend(tiny_model)  # the simulators' base: one adapter per simulator
     sims = [TrainableLLMSimulator(shared, f"sim{i}", SamplingParams(max_new_tokens=4, temperature=1.0), lora_r=4,
                                   lora_alpha=8, name=f"sim{i}") for i in range(2)]
     assert shared.adapter_names == ["sim0", "sim1"] and [s.adapter for s in sims] == ["sim0", "sim1"]

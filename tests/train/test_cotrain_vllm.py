@@ -113,7 +113,6 @@ def test_simulators_on_another_base_model_or_switched_off_stay_in_torch(tiny_mod
         CoTrainer(trainer.policy_trainer, sims, CoTrainConfig(population_size=2))
 
 
-@pytest.mark.slow
 def test_cotraining_update_on_a_real_server_moves_every_adapter_version(vllm_server):
     from simpop.agents.transformers_backend import TransformersBackend
     from simpop.agents.vllm_backend import build_generator

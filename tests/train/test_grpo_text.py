@@ -5,7 +5,6 @@ from __future__ import annotations
 import math
 
 import numpy as np
-import pytest
 import torch
 
 import simpop
@@ -13,7 +12,6 @@ from simpop.agents.policy import LLMPolicy, ModelConfig
 from simpop.envs.persuasion.simulators import native_text
 from simpop.train.grpo import Batch, GRPOConfig, GRPOTrainer
 
-pytestmark = pytest.mark.slow
 ENV = "simpop/Persuasion-v0"
 ENV_KWARGS = {"max_turns": 2}
 

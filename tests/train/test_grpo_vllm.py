@@ -5,7 +5,6 @@ from __future__ import annotations
 import math
 
 import numpy as np
-import pytest
 import torch
 
 import simpop
@@ -15,7 +14,6 @@ from simpop.agents.vllm_backend import VLLMBackend, build_generator
 from simpop.envs.persuasion.simulators import native_text
 from simpop.train.grpo import Batch, GRPOConfig, GRPOTrainer
 
-pytestmark = pytest.mark.slow
 ENV = "simpop/Persuasion-v0"
 ENV_KWARGS = {"max_turns": 2}
 

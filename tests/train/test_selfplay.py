@@ -103,13 +103,12 @@ def test_act_self_play_resumes_exactly(tmp_path):
 TEXT, TEXT_KWARGS = "simpop/Persuasion-v0", {"max_turns": 1}
 
 
-@pytest.mark.slow
-def test_text_self_trains_the_llm_on_both_seats_and_self_at_pool_only_on_the_policys():
+def test_text_self_trains_the_llm_on_both_seats_and_self_at_pool_only_on_the_policys(tiny_model):
     from simpop.agents.policy import LLMPolicy
     from simpop.agents.transformers_backend import TransformersBackend
 
     grpo = GRPOConfig(group_size=2, scenarios_per_update=1, max_new_tokens=4, seed=3)
-    backend = TransformersBackend("smollm2", prefix_cache=True)
+    backend = TransformersBackend(tiny_model, prefix_cache=True)
     policy = LLMPolicy(backend, grpo.sampling(), lora=True, lora_r=4, lora_alpha=8)
 
     # self: the same LLM in both seats; the user seat's own turns (recorded as generated) train its weights.
@@ -185,7 +184,6 @@ def test_a_simulator_can_play_the_policy_seat_of_the_rollout_engine():
     assert runs[0] == runs[1]  # seeded: the same generators, the same dialogues
 
 
-@pytest.mark.slow
 def test_simpop_train_selfplay_and_rotation_from_the_command_line(tmp_path, capsys):
     from simpop.cli import main
 

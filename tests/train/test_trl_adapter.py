@@ -2,13 +2,11 @@
 
 from __future__ import annotations
 
-import pytest
 
 import simpop
 from simpop.envs.persuasion.simulators import native_text
 from simpop.train.trl_adapter import env_reward, make_rollout_func, scenario_dataset
 
-pytestmark = pytest.mark.slow
 ENV, KWARGS = "simpop/Persuasion-v0", {"max_turns": 2}
 
 def test_trl_grpo_two_steps_through_the_adapter(tmp_path, monkeypatch):

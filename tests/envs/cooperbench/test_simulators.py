@@ -63,7 +63,6 @@ def test_default_teammate_is_cooperative_scripted():
         "cooperative": 1.0}
 
 
-@pytest.mark.slow
 def test_embedded_model_as_agent1_against_the_scripted_teammate():
     import torch
 

@@ -44,7 +44,6 @@ def known(tmp_path_factory):
                                    params=truth)
 
 
-@pytest.mark.slow
 def test_the_fit_recovers_known_parameters(known):
     truth, directory = known
     fitted = fit_params(load_corpus(directory))
@@ -64,7 +63,6 @@ def test_the_fit_recovers_known_parameters(known):
     assert 0.5 * np.abs(donors_fit - donors_true).sum() < 0.1
 
 
-@pytest.mark.slow
 def test_release_is_deterministic_held_out_and_better_than_hand_set(tmp_path):
     directory = write_p4g_corpus(tmp_path, n_dialogues=150, n_annotated=100, seed=4, params=_truth())
     corpus = load_corpus(directory)

@@ -7,6 +7,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from simpop.envs.persuasion.outcome import parse_donation
+from tests.hypothesis_budget import examples
 
 CASES = [
     # tags decide, the last one wins, amounts clamp
@@ -90,21 +91,21 @@ _WORDS = st.sampled_from(["I'll", "donate", "give", "$1", "$0.50", "cents", "dol
                           "1.5", "nothing", "the", "full", "can't", "I", "'d", "like", "to", ","])
 
 
-@settings(max_examples=300, deadline=None)
+@settings(max_examples=examples(300), deadline=None)
 @given(st.text())
 def test_any_text_is_none_or_within_bounds(text):
     got = parse_donation(text)
     assert got is None or 0.0 <= got <= 2.0
 
 
-@settings(max_examples=300, deadline=None)
+@settings(max_examples=examples(300), deadline=None)
 @given(st.lists(_WORDS, max_size=25).map(" ".join))
 def test_donation_vocabulary_is_none_or_within_bounds(text):
     got = parse_donation(text)
     assert got is None or 0.0 <= got <= 2.0
 
 
-@settings(max_examples=200, deadline=None)
+@settings(max_examples=examples(200), deadline=None)
 @given(st.floats(min_value=-100, max_value=100, allow_nan=False).map(lambda x: round(x, 2)), st.text(max_size=40))
 def test_a_tag_always_decides(amount, noise):
     text = f"{noise} [DONATE ${abs(amount)}]"

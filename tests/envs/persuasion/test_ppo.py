@@ -6,7 +6,6 @@ import time
 
 import gymnasium
 import numpy as np
-import pytest
 import torch
 
 import simpop  # noqa: F401  (registers the ids with gymnasium)
@@ -28,7 +27,6 @@ def success_rate(choose, episodes: int = 200) -> float:
     return wins / episodes
 
 
-@pytest.mark.slow
 def test_ppo_beats_a_random_persuader():
     torch.set_num_threads(1)  # reproducible and polite on a shared CPU
     start = time.perf_counter()

@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import numpy as np
-import pytest
 import torch
 
 import simpop
@@ -11,7 +10,6 @@ from simpop.agents.policy import ModelConfig, build_policy
 from simpop.simulators.registry import build_simulator
 from simpop.train.grpo import GRPOConfig, GRPOTrainer
 
-pytestmark = pytest.mark.slow
 ENV = "simpop/Persuasion-v1"
 ENV_KWARGS = {"max_turns": 2}
 

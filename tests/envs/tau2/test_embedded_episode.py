@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import pytest
 
 from simpop.agents.base import SamplingParams
 from simpop.envs.tau2.env import Tau2Env
@@ -10,7 +9,6 @@ from simpop.simulators.llm import LLMSimulator
 from simpop.rollout import RolloutEngine
 
 
-@pytest.mark.slow
 def test_embedded_model_plays_agent_and_user_on_mock():
     from simpop.agents.transformers_backend import TransformersBackend
     from simpop.agents.policy import LLMPolicy

@@ -1,4 +1,5 @@
-"""Two GRPO updates on the τ² mock domain: the embedded model (LoRA) as the agent, the scripted user."""
+"""Two GRPO updates on the τ² mock domain: a LoRA agent on the one-layer ``tiny_model`` (SmolLM2's tokenizer and
+chat template; SmolLM2 itself plays τ² in test_embedded_episode.py), the scripted user."""
 
 from __future__ import annotations
 
@@ -24,13 +25,12 @@ def one_torch_thread():
     torch.set_num_threads(before)
 
 
-@pytest.mark.slow
-def test_two_grpo_updates_on_mock(one_torch_thread, tmp_path):
+def test_two_grpo_updates_on_mock(one_torch_thread, tiny_model, tmp_path):
     from simpop.agents.transformers_backend import TransformersBackend
 
     config = GRPOConfig(group_size=2, scenarios_per_update=1, max_new_tokens=8, seed=0)
     model = ModelConfig(lora=True, lora_r=4, lora_alpha=8)
-    policy = LLMPolicy(TransformersBackend("smollm2", threads=1), config.sampling(), lora=model.lora,
+    policy = LLMPolicy(TransformersBackend(tiny_model, threads=1), config.sampling(), lora=model.lora,
                        lora_r=model.lora_r, lora_alpha=model.lora_alpha)
     trainer = GRPOTrainer("simpop/Tau2-mock-v0", policy, ScriptedUser(), config, env_kwargs=ENV_KWARGS)
     batches = []
