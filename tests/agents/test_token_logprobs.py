@@ -72,8 +72,8 @@ def _gradients(backend, parameters, scores, weights):
 
 
 @pytest.fixture(scope="module")
-def lora_backend(one_torch_thread):
-    backend = TransformersBackend("smollm2", dtype="float32")
+def lora_backend(one_torch_thread, tiny_model):
+    backend = TransformersBackend(tiny_model, dtype="float32")
     backend.add_adapter("first", r=4, alpha=8)
     generator = torch.Generator().manual_seed(0)
     with torch.no_grad():  # LoRA B starts at zero (no gradient for A): give both factors weight

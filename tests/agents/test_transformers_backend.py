@@ -1,4 +1,5 @@
-"""TransformersBackend with the embedded SmolLM2 (from the default cache; tiny generations)."""
+"""TransformersBackend with the embedded SmolLM2 (from the default cache; tiny generations); what trains, saves or
+fills a cache runs on the one-layer ``tiny_model`` (plumbing, not the model's answers)."""
 
 from __future__ import annotations
 
@@ -98,8 +99,8 @@ def test_stop_strings_end_each_sample(backend):
     assert len(stopped[0].token_ids) < len(free.token_ids)
 
 
-def test_lora_adapters_train_switch_save_and_load(backend, tmp_path):
-    model = TransformersBackend()
+def test_lora_adapters_train_switch_save_and_load(tiny_model, tmp_path):
+    model = TransformersBackend(tiny_model)
     params = SamplingParams(max_new_tokens=6)
     base = model.generate([HELLO], params)[0]
     model.add_adapter("sim0")
@@ -128,24 +129,24 @@ def test_lora_adapters_train_switch_save_and_load(backend, tmp_path):
 
     model.set_adapter("sim0")
     model.save(tmp_path / "adapters")
-    restored = TransformersBackend()
+    restored = TransformersBackend(tiny_model)
     restored.load(tmp_path / "adapters")
     assert restored.adapter_names == ["sim0", "sim1"] and restored.active_adapter == "sim0"
     assert restored.generate([HELLO], params)[0].token_ids == trained.token_ids
     with pytest.raises(ValueError, match="cannot load full weights into a backend with adapters"):
-        backend.save(tmp_path / "full")
+        TransformersBackend(tiny_model).save(tmp_path / "full")
         restored.load(tmp_path / "full")
 
 
-def test_full_weights_save_and_load(tmp_path):
-    model = TransformersBackend(trainable=True)
+def test_full_weights_save_and_load(tmp_path, tiny_model):
+    model = TransformersBackend(tiny_model, trainable=True)
     assert len(model.parameters()) == len(list(model.model.parameters()))
     with torch.no_grad():
         model.model.model.norm.weight.mul_(1.5)
     model.save(tmp_path / "full")
     reloaded = TransformersBackend(tmp_path / "full")
     assert reloaded.name == "full" and not reloaded.parameters()  # frozen unless trainable=True
-    fresh = TransformersBackend()
+    fresh = TransformersBackend(tiny_model)
     fresh.load(tmp_path / "full")
     expected = model.model.state_dict()
     for other in (reloaded, fresh):
@@ -222,8 +223,8 @@ def test_prefix_cache_reads_a_prefix_shared_by_a_batch_once(prefix_cached):
     assert [g.token_ids for g in backend.generate_ids(prompts, params)] == [g.token_ids for g in cached]
 
 
-def test_prefix_cache_is_dropped_when_weights_change_and_bounded(prefix_cached):
-    backend, params = prefix_cached, SamplingParams(max_new_tokens=3)
+def test_prefix_cache_is_dropped_when_weights_change_and_bounded(tiny_model):
+    backend, params = TransformersBackend(tiny_model, prefix_cache=True), SamplingParams(max_new_tokens=3)
     first = backend.generate([HELLO], params)[0]
     follow_up = first.prompt_ids + first.token_ids + backend.encode_chat(FRANCE)[-3:]
     misses = backend.prefix_misses
@@ -246,8 +247,8 @@ def test_prefix_cache_is_dropped_when_weights_change_and_bounded(prefix_cached):
         TransformersBackend(prefix_cache=True, prefix_cache_size=0)
 
 
-def test_prefix_cache_keeps_each_adapter_and_follows_lora_training():
-    model = TransformersBackend(prefix_cache=True)
+def test_prefix_cache_keeps_each_adapter_and_follows_lora_training(tiny_model):
+    model = TransformersBackend(tiny_model, prefix_cache=True)
     params = SamplingParams(max_new_tokens=4)
     model.add_adapter("policy")
     model.add_adapter("sim")

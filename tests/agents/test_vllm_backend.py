@@ -17,6 +17,7 @@ from simpop.agents.policy import ModelConfig
 from simpop.agents.vllm_backend import (VLLMBackend, VLLMGenerator, adapter_version_name, build_generator,
                                         lora_rank_limit, parse_generator)
 from simpop.agents.vllm_server import VLLMServer, VLLMServerError, VLLMUnavailable, find_vllm_python
+from tests.conftest import VLLM_EAGER
 
 
 class FakeVLLM:
@@ -358,7 +359,8 @@ def test_a_server_without_lora_layers_scores_survey_options_as_the_model_in_proc
               ("$0.00", "$0.50", "I would give $2.00")),
              ([{"role": "system", "content": "You are a careful donor."}, {"role": "user", "content": "Donate?"}],
               ("yes", "no"))]
-    with VLLMServer("smollm2", dtype="float32", enable_lora=False, max_model_len=2048) as server:
+    with VLLMServer("smollm2", dtype="float32", enable_lora=False, max_model_len=2048,
+                    extra_args=VLLM_EAGER) as server:
         remote = _score_options(VLLMBackend(server.base_url, server.served_name, scores_replies=True), items)
     local = _score_options(TransformersBackend("smollm2", dtype="float32"), items)
     for r, loc in zip(remote, local, strict=True):

@@ -25,7 +25,7 @@ def main():
     from simpop.agents.base import SamplingParams
     from simpop.agents.vllm_backend import LocalVLLM
 
-    llm = LocalVLLM(sys.argv[2], dtype="float32", max_model_len=512, max_lora_rank=8)
+    llm = LocalVLLM(sys.argv[2], dtype="float32", max_model_len=512, max_lora_rank=8, optimization_level=0)  # eager
     prompt = json.loads(sys.argv[3])
     params = SamplingParams(max_new_tokens=8, temperature=1.0, seed=3, logprobs=True)
     out = {}

@@ -38,7 +38,7 @@ def test_trl_grpo_trains_through_the_openenv_server_with_user_turns_masked(capsy
     assert '"updates": 2' in capsys.readouterr().out
 
 
-def test_the_openenv_route_hands_trl_the_in_process_adapters_tokens():
+def test_the_openenv_route_hands_trl_the_in_process_adapters_tokens(tiny_model):
     """Same seeds, same dialogues: played over OpenEnv sessions or in process, TRL gets identical ids and masks."""
     from types import SimpleNamespace
 
@@ -50,7 +50,7 @@ def test_the_openenv_route_hands_trl_the_in_process_adapters_tokens():
     from simpop.train import trl_adapter
 
     env, kwargs = "simpop/Persuasion-v1", {"max_turns": 2}
-    backend = TransformersBackend("smollm2", trainable=True)
+    backend = TransformersBackend(tiny_model, trainable=True)  # plumbing: the one-layer model does
     # The two attributes of TRL's trainer a rollout_func reads, at global step 3.
     trainer = SimpleNamespace(accelerator=SimpleNamespace(unwrap_model=lambda model: model), model=backend.model,
                               args=SimpleNamespace(temperature=1.0, top_p=1.0), state=SimpleNamespace(global_step=3))

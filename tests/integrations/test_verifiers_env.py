@@ -1,7 +1,8 @@
 """simpop as a verifiers v1 environment, on the real ``verifiers`` package in its own ``.venv-verifiers``.
 
-Both seats are verifiers agents on OpenAI-compatible endpoints served by ``simpop serve`` (loopback, the embedded
-SmolLM2, one backend behind two servers); each episode runs in the verifiers environment as a subprocess.
+Both seats are verifiers agents on OpenAI-compatible endpoints served by ``simpop serve`` (loopback, one backend
+behind two servers: the one-layer ``tiny_model``, since what is tested is the plumbing, not the replies); each
+episode runs in the verifiers environment as a subprocess.
 """
 
 from __future__ import annotations
@@ -17,8 +18,8 @@ from tests.integrations.conftest import doc_example, run_in
 
 
 @pytest.fixture(scope="module")
-def endpoints(one_torch_thread_module):
-    backend = load_backend("smollm2")
+def endpoints(one_torch_thread_module, tiny_model):
+    backend = load_backend(f"transformers:{tiny_model}")
     with make_server(backend, port=0, model_name="policy").start() as policy, \
             make_server(backend, port=0, model_name="user").start() as user:
         yield policy.url, user.url
@@ -76,8 +77,8 @@ def test_both_seats_play_a_p4g_episode_through_verifiers(verifiers_python, endpo
     assert policy["trainable"] is True and user["trainable"] is False
 
 
-def test_a_trainable_simulator_kind_makes_the_user_agent_trainable(verifiers_python, endpoints):
-    episode = play(verifiers_python, endpoints, "--user-simulator", "trainable:smollm2")
+def test_a_trainable_simulator_kind_makes_the_user_agent_trainable(verifiers_python, endpoints, tiny_model):
+    episode = play(verifiers_python, endpoints, "--user-simulator", f"trainable:{tiny_model}")
     assert episode["ok"] and episode["traces"]["user"]["trainable"] is True
 
 

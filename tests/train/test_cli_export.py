@@ -136,11 +136,12 @@ def test_named_panels_train_and_are_checked_against_the_env(tmp_path, capsys):
     assert not (tmp_path / "x").exists()
 
 
-def test_text_lora_run_exports_a_merged_hf_model(tmp_path, capsys):
+def test_text_lora_run_exports_a_merged_hf_model(tmp_path, capsys, tiny_model):
     from transformers import AutoModelForCausalLM
 
     out = tmp_path / "text"
-    assert main(["train", "grpo", "--env", "simpop/Persuasion-v0", "--no-progress", "--simulator", "frozen:smollm2",
+    assert main(["train", "grpo", "--env", "simpop/Persuasion-v0", "--no-progress", "--model", str(tiny_model),
+                 "--simulator", f"frozen:transformers:{tiny_model}",
                  "--updates", "1", "--out", str(out), "--env-arg", "max_turns=2", "--max-new-tokens", "8",
                  "--group-size", "2", "--scenarios-per-update", "1", "--lora", "--lora-r", "4"]) == 0
     assert "HF model (LoRA merged)" in capsys.readouterr().out

@@ -1,4 +1,4 @@
-"""Text GRPO with the embedded model (tiny lengths): parameters move, loss is logged, masks hold."""
+"""Text GRPO on the one-layer ``tiny_model`` (tiny lengths): parameters move, loss is logged, masks hold."""
 
 from __future__ import annotations
 
@@ -16,12 +16,12 @@ ENV = "simpop/Persuasion-v0"
 ENV_KWARGS = {"max_turns": 2}
 
 
-def _trainer(lora: bool, prefix_cache: bool = True, **config) -> GRPOTrainer:
+def _trainer(model_path, lora: bool, prefix_cache: bool = True, **config) -> GRPOTrainer:
     from simpop.agents.transformers_backend import TransformersBackend
 
     cfg = GRPOConfig(group_size=2, scenarios_per_update=1, max_new_tokens=4, seed=3, **config)
     model = ModelConfig(lora=lora, lora_r=4, lora_alpha=8, prefix_cache=prefix_cache)
-    backend = TransformersBackend("smollm2", trainable=not model.lora, prefix_cache=model.prefix_cache)
+    backend = TransformersBackend(model_path, trainable=not model.lora, prefix_cache=model.prefix_cache)
     # A short system prompt keeps sequences (and the test) small.
     policy = LLMPolicy(backend, cfg.sampling(), lora=model.lora, lora_r=model.lora_r, lora_alpha=model.lora_alpha,
                        adapter=model.adapter, system_prompt="Ask for a donation.")
@@ -34,8 +34,8 @@ def _with_signal(batch: Batch) -> Batch:
     return Batch(batch.trajectories, np.array([1.0, -1.0]), batch.stats)
 
 
-def test_full_finetune_update_changes_parameters_and_masks_simulator_tokens():
-    trainer = _trainer(lora=False)
+def test_full_finetune_update_changes_parameters_and_masks_simulator_tokens(tiny_model):
+    trainer = _trainer(tiny_model, lora=False)
     batch = trainer.collect()
     t = batch.trajectories[0]
     assert t.policy_turns == 2 and 0 < t.policy_tokens <= 8 and len(t.token_ids) == len(t.mask)
@@ -65,8 +65,8 @@ def test_full_finetune_update_changes_parameters_and_masks_simulator_tokens():
         assert torch.all(grad[~predicts] == 0) and torch.any(grad[predicts] != 0)
 
 
-def test_masked_positions_do_not_change_the_loss():
-    trainer = _trainer(lora=True)
+def test_masked_positions_do_not_change_the_loss(tiny_model):
+    trainer = _trainer(tiny_model, lora=True)
     batch = _with_signal(trainer.collect())
     units = trainer._text_units(batch)
     baseline = [trainer._forward(u)[0].detach() for u in units]
@@ -81,8 +81,8 @@ def test_masked_positions_do_not_change_the_loss():
         assert torch.equal(a[:n], b[:n]) and torch.all(b[n:] == 0)
 
 
-def test_lora_with_kl_trains_only_the_adapter():
-    trainer = _trainer(lora=True, kl_coef=0.1, epochs=2)
+def test_lora_with_kl_trains_only_the_adapter(tiny_model):
+    trainer = _trainer(tiny_model, lora=True, kl_coef=0.1, epochs=2, lr=1e-2)  # a random model's KL needs a step
     base = {n: p.detach().clone() for n, p in trainer.policy.backend.model.named_parameters() if "lora_" not in n}
     adapter = [p.detach().clone() for p in trainer.policy.parameters()]
     metrics = trainer.update(_with_signal(trainer.collect()))
@@ -93,10 +93,10 @@ def test_lora_with_kl_trains_only_the_adapter():
     assert set(state["policy"]) and all("lora_" in k for k in state["policy"])
 
 
-def test_prefix_cache_collects_the_uncached_rollouts_across_lora_updates():
+def test_prefix_cache_collects_the_uncached_rollouts_across_lora_updates(tiny_model):
     runs = {}
     for cached in (True, False):
-        trainer = _trainer(lora=True, prefix_cache=cached)
+        trainer = _trainer(tiny_model, lora=True, prefix_cache=cached)
         first = trainer.collect()
         trainer.update(_with_signal(first))
         runs[cached] = (first, trainer.collect(), trainer.policy.backend)

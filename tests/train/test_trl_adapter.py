@@ -1,4 +1,4 @@
-"""TRL's GRPOTrainer trains through simpop's rollout_func (embedded model, tiny lengths)."""
+"""TRL's GRPOTrainer trains through simpop's rollout_func (the one-layer ``tiny_model``, tiny lengths)."""
 
 from __future__ import annotations
 
@@ -9,13 +9,13 @@ from simpop.train.trl_adapter import env_reward, make_rollout_func, scenario_dat
 
 ENV, KWARGS = "simpop/Persuasion-v0", {"max_turns": 2}
 
-def test_trl_grpo_two_steps_through_the_adapter(tmp_path, monkeypatch):
+def test_trl_grpo_two_steps_through_the_adapter(tmp_path, monkeypatch, tiny_model):
     monkeypatch.setenv("TRL_EXPERIMENTAL_SILENCE", "1")
     from trl import GRPOConfig, GRPOTrainer
 
     from simpop.agents.transformers_backend import TransformersBackend
 
-    backend = TransformersBackend("smollm2", trainable=True)
+    backend = TransformersBackend(tiny_model, trainable=True)
     rollout = make_rollout_func(ENV, native_text(simpop.make(ENV, **KWARGS)), backend, env_kwargs=KWARGS,
                                 max_new_tokens=4, system_prompt="Ask for a donation.")
     outputs = []
