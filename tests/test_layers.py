@@ -41,3 +41,20 @@ def test_importing_simpop_loads_no_heavy_backend():
             "print(','.join(m for m in ('torch', 'transformers', 'tau2', 'litellm') if m in sys.modules))")
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True).stdout.strip()
     assert out == ""
+
+
+def test_a_circle_through_a_deferred_import_breaks_the_acyclic_contract(tmp_path, monkeypatch):
+    # The same contract as pyproject.toml's, on a package whose two modules import each other, one of them only
+    # inside a function (the way the Persuasion knot was held open).
+    package = tmp_path / "knot"
+    package.mkdir()
+    (package / "__init__.py").write_text("")
+    (package / "env.py").write_text("from knot.sims import native\n")
+    (package / "sims.py").write_text("def native():\n    from knot.env import native\n    return native\n")
+    config = tmp_path / "acyclic.toml"
+    config.write_text('[tool.importlinter]\nroot_package = "knot"\n\n[[tool.importlinter.contracts]]\n'
+                      'name = "no circles"\ntype = "acyclic_siblings"\nancestors = ["knot"]\n')
+    monkeypatch.syspath_prepend(str(tmp_path))
+    assert lint_imports(config_filename=str(config), no_cache=True) == 1
+    (package / "sims.py").write_text("def native():\n    return None\n")
+    assert lint_imports(config_filename=str(config), no_cache=True) == 0

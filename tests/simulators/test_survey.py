@@ -262,7 +262,7 @@ def test_a_verbalized_survey_answer_naming_no_option_falls_back_to_scoring_or_fr
 
 
 def near_a_dollar(prompt: str, option: str) -> float:
-    from simpop.envs.persuasion.env import read_survey_answer
+    from simpop.envs.persuasion.outcome import read_survey_answer
 
     return -abs(read_survey_answer(option).amount - 1.0)
 
@@ -284,7 +284,7 @@ def test_rollouts_end_every_undecided_dialogue_with_the_survey(simulator, source
         assert survey_of(t.observations["persuadee"][-1]) is not None
         assert t.total_reward == float(info["donation"] > 0)
     if source == "strict":
-        assert {t.infos[-1]["survey_answer"] for t in trajectories} <= set(simpop.envs.persuasion.env.SURVEY_OPTIONS)
+        assert {t.infos[-1]["survey_answer"] for t in trajectories} <= set(simpop.envs.persuasion.outcome.SURVEY_OPTIONS)
         assert sim.stats["survey_scored"] == 6
     else:
         assert all(t.infos[-1]["survey_fallback"] for t in trajectories) and sim.stats["survey_unscored"] == 6

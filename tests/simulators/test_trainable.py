@@ -11,7 +11,8 @@ from simpop.agents.policy import ActPolicy
 from simpop.envs import make
 from simpop.envs.persuasion.acts import ASKING_ACTS, PERSUADEE_ACTS, PERSUADER_ACTS
 from simpop.envs.persuasion.model import AMOUNT_LEVELS
-from simpop.envs.persuasion.trainable import REFUSE, TrainableActPersuadee, replay
+from simpop.envs.persuasion.likelihood import REFUSE, replay
+from simpop.envs.persuasion.trainable import TrainableActPersuadee
 from simpop.rollout import RolloutEngine
 from simpop.seat import SimulatorSpec, Trainable
 from simpop.simulators.population import CheckpointPool

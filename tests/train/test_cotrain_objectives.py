@@ -19,7 +19,8 @@ from simpop.envs import make
 from simpop.envs.persuasion.acts import PERSUADER_ACTS
 from simpop.envs.persuasion.model import BASE_TRAITS, PersuadeeParams
 from simpop.envs.persuasion.personas import SCALES, modal_persona
-from simpop.envs.persuasion.trainable import UNSCORED, TrainableActPersuadee, reference_episodes
+from simpop.envs.persuasion.likelihood import UNSCORED, reference_episodes
+from simpop.envs.persuasion.trainable import TrainableActPersuadee
 from simpop.envs.persuasion.corpus import load_corpus
 from simpop.rollout import RolloutEngine
 from simpop.simulators.trainable import TrainableLLMSimulator

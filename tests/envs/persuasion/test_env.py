@@ -7,9 +7,10 @@ import pytest
 
 from simpop.envs.dialogue import parse_observation
 from simpop.envs.persuasion.acts import PERSUADEE_ACTS, PERSUADER_ACTS
-from simpop.envs.persuasion.env import (AMOUNT_LEVELS, PERSUADEE_OBS_DIM, PERSUADER_OBS_DIM, PersuasionActEnv,
-                                        PersuasionEnv, decode_persuadee_action, encode_persuadee_action,
-                                        last_persuader_act)
+from simpop.envs.persuasion.codec import (PERSUADEE_OBS_DIM, PERSUADER_OBS_DIM, decode_persuadee_action,
+                                          encode_persuadee_action, last_persuader_act)
+from simpop.envs.persuasion.env import PersuasionActEnv, PersuasionEnv
+from simpop.envs.persuasion.model import AMOUNT_LEVELS
 
 ER, EE = "persuader", "persuadee"
 

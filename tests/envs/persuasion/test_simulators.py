@@ -8,7 +8,8 @@ import pytest
 
 import simpop  # noqa: F401  (registers the ids with gymnasium)
 from simpop.envs.persuasion.acts import PERSUADER_ACTS, render_persuader
-from simpop.envs.persuasion.env import PersuasionActEnv, PersuasionEnv, decode_persuadee_action
+from simpop.envs.persuasion.codec import decode_persuadee_action
+from simpop.envs.persuasion.env import PersuasionActEnv, PersuasionEnv
 from simpop.envs.persuasion.model import CORPUS_DONOR_RATE, CORPUS_MEAN_DONATION, reference_persuader
 from simpop.envs.persuasion.outcome import parse_donation
 from simpop.envs.persuasion.personas import modal_persona

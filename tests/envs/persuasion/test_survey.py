@@ -11,9 +11,10 @@ import pytest
 import simpop
 from simpop.envs.dialogue import parse_observation
 from simpop.envs.persuasion.acts import PERSUADER_ACTS, render_persuader
-from simpop.envs.persuasion.env import (AMOUNT_LEVELS, SURVEY, SURVEY_AMOUNTS, SURVEY_OPTIONS, PersuasionActEnv,
-                                        PersuasionEnv, decode_persuadee_action, read_survey_answer)
-from simpop.envs.persuasion.model import PersuadeeModel
+from simpop.envs.persuasion.codec import decode_persuadee_action
+from simpop.envs.persuasion.env import PersuasionActEnv, PersuasionEnv
+from simpop.envs.persuasion.model import AMOUNT_LEVELS, PersuadeeModel
+from simpop.envs.persuasion.outcome import SURVEY, SURVEY_AMOUNTS, SURVEY_OPTIONS, read_survey_answer
 from simpop.envs.persuasion.personas import modal_persona
 from simpop.envs.persuasion.simulators import ActPersuadee, TextPersuadee
 from simpop.envs.registration import spec

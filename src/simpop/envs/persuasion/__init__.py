@@ -42,12 +42,12 @@ env (and ``Persuasion-v0``) **truncates** with reward 0. ``info`` carries ``dona
 truncated). At the act level, agree-donation / provide-donation-amount / confirm-donation donate their
 amount, disagree-donation(-more) states $0.
 
-**Closing survey** (text level; :class:`~.env.PersuasionEnv`, :func:`~.env.read_survey_answer`). In P4G the
+**Closing survey** (text level; :class:`~.env.PersuasionEnv`, :func:`~.outcome.read_survey_answer`). In P4G the
 recorded outcome is the donation each persuadee entered in a survey *after* the chat, not a sentence inside
 it; an LLM persuadee (SmolLM2 always) may chat to the turn cap without stating a readable decision, which
 scored every such dialogue 0. So after ``2 · max_turns`` undecided steps the persuadee acts once more
 (``max_steps = 2 · max_turns + 1``; ``info["phase"] == "survey"``): its observation (only its own: the
-persuader never sees the survey) carries ``"survey": {"question", "options"}`` (:data:`~.env.SURVEY`: "how
+persuader never sees the survey) carries ``"survey": {"question", "options"}`` (:data:`~.outcome.SURVEY`: "how
 much of your $2 task payment do you donate to Save the Children?", options ``I donate nothing`` and one per
 :data:`~.model.AMOUNT_LEVELS` amount, ``I donate $0.05`` … ``I donate $2.00``: the decision comes first, so that
 an LLM's probability of giving nothing is not split among the labels that share ``$0.``). The answer is text
@@ -120,9 +120,9 @@ naming the file, column and row. The corpus is not shipped.
 reference persuader and the native persuadee.
 """
 
-from simpop.envs.persuasion.env import SURVEY, PersuasionActEnv, PersuasionEnv, read_survey_answer
+from simpop.envs.persuasion.env import PersuasionActEnv, PersuasionEnv
 from simpop.envs.persuasion.model import PersuadeeModel, PersuadeeParams, calibrate
-from simpop.envs.persuasion.outcome import parse_donation
+from simpop.envs.persuasion.outcome import SURVEY, parse_donation, read_survey_answer
 from simpop.envs.persuasion.personas import Persona, PersonaSampler, modal_persona
 from simpop.envs.persuasion.scenario import PersuasionScenario
 

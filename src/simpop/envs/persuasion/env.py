@@ -4,17 +4,14 @@ Both share scenarios (personas + the $2 donation context, from :mod:`.scenario`)
 = policy, speaks first; ``persuadee`` = user) and the outcome: the episode terminates when the persuadee
 states a decision (reward 1 to the persuader if the amount is > 0, else 0). After ``max_turns``
 persuader–persuadee exchanges without one (``2 · max_turns`` steps; rejected actions count) the text env
-asks the persuadee the closing survey (:data:`SURVEY`, one more persuadee step whose answer is the
-outcome: :func:`read_survey_answer`); the act env (and the text env with ``survey=False``, the
+asks the persuadee the closing survey (:data:`~.outcome.SURVEY`, one more persuadee step whose answer is the
+outcome: :func:`~.outcome.read_survey_answer`); the act env (and the text env with ``survey=False``, the
 ``simpop/Persuasion-v0`` behaviour) truncates with reward 0. The package docstring explains the choice.
 """
 
 from __future__ import annotations
 
 import logging
-import math
-import re
-from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -23,121 +20,18 @@ from gymnasium import spaces
 
 from simpop.envs.dialogue import NOT_UNICODE, DialogueEnv, Outcome, TextSpace, Turn, is_unicode
 from simpop.envs.persuasion.act_wave import ActWave
-from simpop.envs.persuasion.acts import (DONATING_ACTS, PERSUADEE_ACTS, PERSUADER_ACTS, REFUSING_ACTS,
-                                         classify_persuader, render_persuadee, render_persuader)
-from simpop.envs.persuasion.model import AMOUNT_LEVELS
-from simpop.envs.persuasion.outcome import MAX_DONATION, parse_donation
+from simpop.envs.persuasion.acts import (DONATING_ACTS, PERSUADEE_ACTS, PERSUADER_ACTS, classify_persuader,
+                                         render_persuadee, render_persuader)
+from simpop.envs.persuasion.codec import N_AMOUNTS, PERSUADEE_OBS_DIM, PERSUADER_OBS_DIM, decode_persuadee_action
+from simpop.envs.persuasion.outcome import SURVEY, SurveyAnswer, parse_donation, read_survey_answer
 from simpop.envs.persuasion.personas import Persona
 from simpop.envs.persuasion.scenario import PersuasionScenario, corpus_scenarios, default_scenarios, persona_set
-from simpop.seat import SURVEY_KEY, Survey
+from simpop.seat import SURVEY_KEY
 
 logger = logging.getLogger(__name__)
 
 #: Where an episode's outcome came from (``info["outcome_source"]``; None while there is none).
 DECIDED_IN_DIALOGUE, FROM_SURVEY = "decided_in_dialogue", "survey"
-
-# ---------------------------------------------------------------------------------------------- closing survey
-#: The closing survey's answers in dollars: nothing, or one of the amount levels.
-SURVEY_AMOUNTS: tuple[float, ...] = (0.0, *AMOUNT_LEVELS)
-#: Their labels, one per amount: ``I donate nothing``, ``I donate $0.05`` ... ``I donate $2.00``. Stating the
-#: decision first keeps "nothing" apart from every amount from the first differing token on; as ``$0.00`` it
-#: would share the ``$0.`` prefix with four small amounts and an LLM's probability of giving nothing would be
-#: split among them (SmolLM2: P($0.00) ≈ 0.04 where P(I donate nothing) ≈ 0.1-0.4 on the same chats).
-SURVEY_OPTIONS: tuple[str, ...] = ("I donate nothing", *(f"I donate ${a:.2f}" for a in AMOUNT_LEVELS))
-#: The question P4G asked every persuadee after the chat, with the options spelled out.
-SURVEY = Survey(
-    "The chat is over. Closing survey: how much of your $2 task payment do you donate to Save the Children? "
-    f"Answer with exactly one of: {', '.join(SURVEY_OPTIONS)}.", SURVEY_OPTIONS)
-
-_BARE_AMOUNT = re.compile(r"(?P<sign>[-\u2212])?\s*\$?\s*(?P<num>\d+(?:\.\d*)?|\.\d+)\s*"
-                          r"(?P<unit>dollars?|usd|bucks?|cents?|¢)?", re.IGNORECASE)
-_NAMED_AMOUNT = re.compile(r"(?P<sign>[-\u2212])?\$\s*(?P<num>\d+(?:\.\d*)?|\.\d+)")
-_ZERO_WORDS = {"nothing", "none", "zero", "no donation"}
-#: How much of a survey answer is read.
-SURVEY_READ_CHARS = 2000
-
-
-@dataclass(frozen=True)
-class SurveyAnswer:
-    """How the env read a closing-survey answer.
-
-    Attributes:
-        amount: The donation: one of :data:`SURVEY_AMOUNTS`.
-        parse: ``"strict"`` (an option label or an amount equal to one), ``"lenient"`` (a decision
-            :func:`parse_donation` reads, or the one dollar amount the text names, moved to the nearest
-            option of the same sign), or ``"fallback"`` ($0: nothing readable, an off-scale amount, not text).
-        reason: Why it fell back (None otherwise).
-    """
-
-    amount: float
-    parse: str
-    reason: str | None = None
-
-    @property
-    def option(self) -> str:
-        return SURVEY_OPTIONS[SURVEY_AMOUNTS.index(self.amount)]
-
-
-def _nearest_option(amount: float) -> float:
-    """The survey amount closest to ``amount`` in [0, 2], keeping its sign ($0 only for exactly nothing)."""
-    if amount <= 0:
-        return 0.0
-    return min(AMOUNT_LEVELS, key=lambda level: (abs(level - amount), level))
-
-
-def _level(amount: float) -> float | None:
-    return next((a for a in SURVEY_AMOUNTS if math.isclose(a, amount, abs_tol=1e-9)), None)
-
-
-def read_survey_answer(answer: Any) -> SurveyAnswer:
-    """Read a closing-survey answer: strictly first, then leniently, else a $0 fallback; never raises.
-
-    1. **Strict**: the answer (stripped of whitespace, quotes and a final ``.``/``!``) is an option label
-       (``I donate $0.50``, any case) or an amount equal to an option's (``$0.50``, ``0.5``, ``$.50``, ``50
-       cents``, ``2 dollars``, ``$0``).
-       A bare amount off the $0–$2 scale (``$5``, ``-1``) falls back.
-    2. **Lenient**: :func:`parse_donation` reads a decision (``I'll give 50 cents``, ``[DONATE $1]``, ``no
-       thanks``), else the text is ``nothing`` / ``none`` / ``zero``, else it names exactly one distinct dollar
-       amount (``$0.50, because kids matter``); an amount between options moves to the nearest option of the
-       same sign (a positive amount never becomes $0); a named amount off the scale falls back.
-    3. **Fallback**: $0, with the reason (empty, not text, off-scale, nothing readable).
-
-    Only the first :data:`SURVEY_READ_CHARS` characters are read (an answer is a few words).
-    """
-    if not isinstance(answer, str):
-        return SurveyAnswer(0.0, "fallback", f"the answer is not text (got {type(answer).__name__})")
-    text, before = answer[:SURVEY_READ_CHARS], None
-    while text != before:  # "$0.50". or **$0.50** or '$0.50!'
-        before, text = text, text.strip().strip("\"'`*").rstrip(".!")
-    if not text:
-        return SurveyAnswer(0.0, "fallback", "empty answer")
-    folded = text.casefold()
-    for label, amount in zip(SURVEY_OPTIONS, SURVEY_AMOUNTS):
-        if folded == label.casefold():
-            return SurveyAnswer(amount, "strict")
-    bare = _BARE_AMOUNT.fullmatch(text)
-    if bare:
-        value = float(bare["num"]) / (100.0 if (bare["unit"] or "").lower() in ("cent", "cents", "¢") else 1.0)
-        value = -value if bare["sign"] else value
-        if (level := _level(value)) is not None:
-            return SurveyAnswer(level, "strict")
-        if not 0.0 <= value <= MAX_DONATION:
-            return SurveyAnswer(0.0, "fallback", f"off-scale amount {text!r} (the options are $0-$2)")
-        return SurveyAnswer(_nearest_option(value), "lenient")
-    decision = parse_donation(text)
-    if decision is not None:
-        return SurveyAnswer(_nearest_option(decision), "lenient")
-    if folded in _ZERO_WORDS:
-        return SurveyAnswer(0.0, "lenient")
-    named = {(-1.0 if m["sign"] else 1.0) * float(m["num"]) for m in _NAMED_AMOUNT.finditer(text)}
-    if len(named) == 1:
-        (value,) = named
-        if not 0.0 <= value <= MAX_DONATION:
-            return SurveyAnswer(0.0, "fallback", f"off-scale amount ${value:g} (the options are $0-$2)")
-        return SurveyAnswer(_nearest_option(value), "lenient")
-    return SurveyAnswer(0.0, "fallback", "no option, amount or donation decision found"
-                        + (f" (it names {len(named)} different amounts)" if named else ""))
-
 
 class _PersuasionEnv(DialogueEnv):
     """Shared scenarios, seats and outcome of the two P4G envs."""
@@ -226,8 +120,8 @@ class PersuasionEnv(_PersuasionEnv):
 
     **Closing survey.** When ``2 · max_turns`` steps pass without a decision, the persuadee acts once more
     (``info["phase"] == "survey"``): its observation carries ``"survey": {"question", "options"}``
-    (:data:`SURVEY`; the persuader's does not), and its action, any text, is read by
-    :func:`read_survey_answer` (never rejected; unreadable -> $0, ``info["survey_fallback"]``, counted in
+    (:data:`~.outcome.SURVEY`; the persuader's does not), and its action, any text, is read by
+    :func:`~.outcome.read_survey_answer` (never rejected; unreadable -> $0, ``info["survey_fallback"]``, counted in
     :attr:`survey_counts` and logged). The answer is the outcome (``outcome_source = "survey"``); it is
     not added to the transcript (P4G's persuader never saw the survey). Outcome info then also holds
     ``survey_answer`` (the option), ``survey_parse`` (strict | lenient | fallback), ``survey_fallback``,
@@ -362,46 +256,13 @@ class PersuasionEnv(_PersuasionEnv):
 
 
 # ---------------------------------------------------------------------------------------------- act level
-N_AMOUNTS = len(AMOUNT_LEVELS)
-#: Persuader observation: last persuadee act one-hot (+ "none yet"), persuader act counts / max_turns,
-#: persuader turns / max_turns, 1 if the persuader is to act.
-PERSUADER_OBS_DIM = len(PERSUADEE_ACTS) + 1 + len(PERSUADER_ACTS) + 2
-#: Persuadee observation: last persuader act one-hot (+ "none yet"), the same counts, turn fraction, flag.
-PERSUADEE_OBS_DIM = len(PERSUADER_ACTS) + 1 + len(PERSUADER_ACTS) + 2
-
-
-def encode_persuadee_action(act: str, amount: float | None = None) -> int:
-    """The ``Discrete(23 · 7)`` index of persuadee ``act`` (donating acts: with ``amount``, one of AMOUNT_LEVELS)."""
-    level = 0
-    if act in DONATING_ACTS:
-        matches = [i for i, a in enumerate(AMOUNT_LEVELS) if amount is not None and abs(a - amount) < 1e-9]
-        if not matches:
-            raise ValueError(f"{act!r} needs an amount from {AMOUNT_LEVELS}, got {amount!r}")
-        level = matches[0]
-    return PERSUADEE_ACTS.index(act) * N_AMOUNTS + level
-
-
-def decode_persuadee_action(action: int) -> tuple[str, float | None]:
-    """(act, amount): the donation for donating acts, 0.0 for refusals, None otherwise."""
-    act = PERSUADEE_ACTS[int(action) // N_AMOUNTS]
-    if act in DONATING_ACTS:
-        return act, AMOUNT_LEVELS[int(action) % N_AMOUNTS]
-    return act, 0.0 if act in REFUSING_ACTS else None
-
-
-def last_persuader_act(observation: np.ndarray) -> str | None:
-    """The persuader act a persuadee observation reports as the latest (None before the first)."""
-    index = int(np.argmax(observation[:len(PERSUADER_ACTS) + 1]))
-    return PERSUADER_ACTS[index] if index < len(PERSUADER_ACTS) else None
-
-
 class PersuasionActEnv(_PersuasionEnv):
     """P4G over dialogue acts: a fast, Box-observation view for RL (SB3 PPO trains on it unmodified).
 
     Persuader: ``Discrete(14)`` over :data:`PERSUADER_ACTS`; observation ``Box(0, 1, (40,))`` (see
-    :data:`PERSUADER_OBS_DIM`; the persona is hidden). Persuadee: ``Discrete(23 · 7)`` =
-    :data:`PERSUADEE_ACTS` × :data:`AMOUNT_LEVELS` (the amount matters only for donating acts; see
-    :func:`encode_persuadee_action`); observation ``Box(0, 1, (31,))``. A donating act ends the episode
+    :data:`~.codec.PERSUADER_OBS_DIM`; the persona is hidden). Persuadee: ``Discrete(23 · 7)`` =
+    :data:`PERSUADEE_ACTS` × :data:`~.model.AMOUNT_LEVELS` (the amount matters only for donating acts; see
+    :func:`~.codec.encode_persuadee_action`); observation ``Box(0, 1, (31,))``. A donating act ends the episode
     with its amount, a refusing act with $0. Transcript turns hold the act name and a templated text.
 
     Args: as :class:`PersuasionEnv`, without ``max_message_chars``.

@@ -157,15 +157,15 @@ def params_of(data: dict[str, Any]) -> PersuadeeParams:
 # ---------------------------------------------------------------------------------------------- quality
 def dialogue_nll(params: PersuadeeParams, dialogues: Sequence[Any]) -> np.ndarray:
     """Per annotated dialogue with a scorable turn: the negative log-likelihood (nats) of its persuadee acts given
-    its persuader acts under ``params`` (the realism anchor's measure, :func:`~.trainable.reference_episodes`)."""
-    import torch
+    its persuader acts under ``params`` (the realism anchor's measure, :func:`~.likelihood.reference_episodes`)."""
+    import torch  # torch (and the likelihood, which needs it) on first use: the envs do not load it
 
-    from simpop.envs.persuasion.trainable import _per_dialogue, reference_episodes, turns_of
+    from simpop.envs.persuasion.likelihood import per_dialogue, reference_episodes, turns_of
 
     episodes = [e for e in reference_episodes(dialogues) if any(r >= 0 for _, r in e.turns)]
     theta = torch.as_tensor(params.to_vector(), dtype=torch.float64)
     with torch.no_grad():
-        logprob, _ = _per_dialogue(theta, None, turns_of(episodes), 1.0)
+        logprob, _ = per_dialogue(theta, None, turns_of(episodes), 1.0)
     return -logprob.numpy()
 
 

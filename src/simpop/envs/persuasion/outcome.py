@@ -1,4 +1,4 @@
-"""The P4G outcome: reading a donation decision out of a persuadee message.
+"""The P4G outcome: reading a donation decision out of a persuadee message, and the closing survey's answer.
 
 Rule (``parse_donation``), in order:
 
@@ -27,11 +27,20 @@ Rule (``parse_donation``), in order:
 3. Otherwise ``None``: no decision stated.
 
 ``0.0`` is a decision (the persuadee refused); ``None`` means the dialogue goes on.
+
+The closing survey (:data:`SURVEY`, asked when the dialogue ends undecided) is answered with one of
+:data:`SURVEY_OPTIONS`; :func:`read_survey_answer` reads any answer strictly, then leniently, else as a $0 fallback.
 """
 
 from __future__ import annotations
 
+import math
 import re
+from dataclasses import dataclass
+from typing import Any
+
+from simpop.envs.persuasion.model import AMOUNT_LEVELS
+from simpop.seat import Survey
 
 #: The most a persuadee can give: their whole task payment.
 MAX_DONATION = 2.0
@@ -163,3 +172,106 @@ def _number(token: str) -> float:
 
 def _clamp(value: float) -> float:
     return min(max(value, 0.0), MAX_DONATION)
+
+
+# ---------------------------------------------------------------------------------------------- closing survey
+#: The closing survey's answers in dollars: nothing, or one of the amount levels.
+SURVEY_AMOUNTS: tuple[float, ...] = (0.0, *AMOUNT_LEVELS)
+#: Their labels, one per amount: ``I donate nothing``, ``I donate $0.05`` ... ``I donate $2.00``. Stating the
+#: decision first keeps "nothing" apart from every amount from the first differing token on; as ``$0.00`` it
+#: would share the ``$0.`` prefix with four small amounts and an LLM's probability of giving nothing would be
+#: split among them (SmolLM2: P($0.00) ≈ 0.04 where P(I donate nothing) ≈ 0.1-0.4 on the same chats).
+SURVEY_OPTIONS: tuple[str, ...] = ("I donate nothing", *(f"I donate ${a:.2f}" for a in AMOUNT_LEVELS))
+#: The question P4G asked every persuadee after the chat, with the options spelled out.
+SURVEY = Survey(
+    "The chat is over. Closing survey: how much of your $2 task payment do you donate to Save the Children? "
+    f"Answer with exactly one of: {', '.join(SURVEY_OPTIONS)}.", SURVEY_OPTIONS)
+
+_BARE_AMOUNT = re.compile(r"(?P<sign>[-\u2212])?\s*\$?\s*(?P<num>\d+(?:\.\d*)?|\.\d+)\s*"
+                          r"(?P<unit>dollars?|usd|bucks?|cents?|¢)?", re.IGNORECASE)
+_NAMED_AMOUNT = re.compile(r"(?P<sign>[-\u2212])?\$\s*(?P<num>\d+(?:\.\d*)?|\.\d+)")
+_ZERO_WORDS = {"nothing", "none", "zero", "no donation"}
+#: How much of a survey answer is read.
+SURVEY_READ_CHARS = 2000
+
+
+@dataclass(frozen=True)
+class SurveyAnswer:
+    """How the env read a closing-survey answer.
+
+    Attributes:
+        amount: The donation: one of :data:`SURVEY_AMOUNTS`.
+        parse: ``"strict"`` (an option label or an amount equal to one), ``"lenient"`` (a decision
+            :func:`parse_donation` reads, or the one dollar amount the text names, moved to the nearest
+            option of the same sign), or ``"fallback"`` ($0: nothing readable, an off-scale amount, not text).
+        reason: Why it fell back (None otherwise).
+    """
+
+    amount: float
+    parse: str
+    reason: str | None = None
+
+    @property
+    def option(self) -> str:
+        return SURVEY_OPTIONS[SURVEY_AMOUNTS.index(self.amount)]
+
+
+def _nearest_option(amount: float) -> float:
+    """The survey amount closest to ``amount`` in [0, 2], keeping its sign ($0 only for exactly nothing)."""
+    if amount <= 0:
+        return 0.0
+    return min(AMOUNT_LEVELS, key=lambda level: (abs(level - amount), level))
+
+
+def _level(amount: float) -> float | None:
+    return next((a for a in SURVEY_AMOUNTS if math.isclose(a, amount, abs_tol=1e-9)), None)
+
+
+def read_survey_answer(answer: Any) -> SurveyAnswer:
+    """Read a closing-survey answer: strictly first, then leniently, else a $0 fallback; never raises.
+
+    1. **Strict**: the answer (stripped of whitespace, quotes and a final ``.``/``!``) is an option label
+       (``I donate $0.50``, any case) or an amount equal to an option's (``$0.50``, ``0.5``, ``$.50``, ``50
+       cents``, ``2 dollars``, ``$0``).
+       A bare amount off the $0–$2 scale (``$5``, ``-1``) falls back.
+    2. **Lenient**: :func:`parse_donation` reads a decision (``I'll give 50 cents``, ``[DONATE $1]``, ``no
+       thanks``), else the text is ``nothing`` / ``none`` / ``zero``, else it names exactly one distinct dollar
+       amount (``$0.50, because kids matter``); an amount between options moves to the nearest option of the
+       same sign (a positive amount never becomes $0); a named amount off the scale falls back.
+    3. **Fallback**: $0, with the reason (empty, not text, off-scale, nothing readable).
+
+    Only the first :data:`SURVEY_READ_CHARS` characters are read (an answer is a few words).
+    """
+    if not isinstance(answer, str):
+        return SurveyAnswer(0.0, "fallback", f"the answer is not text (got {type(answer).__name__})")
+    text, before = answer[:SURVEY_READ_CHARS], None
+    while text != before:  # "$0.50". or **$0.50** or '$0.50!'
+        before, text = text, text.strip().strip("\"'`*").rstrip(".!")
+    if not text:
+        return SurveyAnswer(0.0, "fallback", "empty answer")
+    folded = text.casefold()
+    for label, amount in zip(SURVEY_OPTIONS, SURVEY_AMOUNTS):
+        if folded == label.casefold():
+            return SurveyAnswer(amount, "strict")
+    bare = _BARE_AMOUNT.fullmatch(text)
+    if bare:
+        value = float(bare["num"]) / (100.0 if (bare["unit"] or "").lower() in ("cent", "cents", "¢") else 1.0)
+        value = -value if bare["sign"] else value
+        if (level := _level(value)) is not None:
+            return SurveyAnswer(level, "strict")
+        if not 0.0 <= value <= MAX_DONATION:
+            return SurveyAnswer(0.0, "fallback", f"off-scale amount {text!r} (the options are $0-$2)")
+        return SurveyAnswer(_nearest_option(value), "lenient")
+    decision = parse_donation(text)
+    if decision is not None:
+        return SurveyAnswer(_nearest_option(decision), "lenient")
+    if folded in _ZERO_WORDS:
+        return SurveyAnswer(0.0, "lenient")
+    named = {(-1.0 if m["sign"] else 1.0) * float(m["num"]) for m in _NAMED_AMOUNT.finditer(text)}
+    if len(named) == 1:
+        (value,) = named
+        if not 0.0 <= value <= MAX_DONATION:
+            return SurveyAnswer(0.0, "fallback", f"off-scale amount ${value:g} (the options are $0-$2)")
+        return SurveyAnswer(_nearest_option(value), "lenient")
+    return SurveyAnswer(0.0, "fallback", "no option, amount or donation decision found"
+                        + (f" (it names {len(named)} different amounts)" if named else ""))

@@ -14,6 +14,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
+from simpop.envs.persuasion.fitted import human_sampler
 from simpop.envs.persuasion.personas import Persona, PersonaSampler, modal_persona
 
 DONATION_CONTEXT = (
@@ -79,8 +80,6 @@ def persona_set(name: str, training: tuple[Persona, ...]) -> tuple[Persona, ...]
                          f"region-<n>-<seed>:<clauses>, written-<sha>, or scenario")
     seen = set(training) | {modal_persona()}
     if prefix == "human":  # the shipped fit's marginals of the real persuadees
-        from simpop.envs.persuasion.fitted import human_sampler
-
         sampler = human_sampler()
     else:
         sampler = PersonaSampler() if prefix == "heldout" else PersonaSampler.uniform()

@@ -33,9 +33,12 @@ import numpy as np
 from simpop.envs.dialogue import parse_observation
 from simpop.envs.persuasion.acts import (ASKING_ACTS, DONATING_ACTS, PERSUADER_ACTS, STRATEGIES, classify_persuader,
                                          render_persuadee)
-from simpop.envs.persuasion.env import encode_persuadee_action, last_persuader_act, read_survey_answer
+from simpop.envs.persuasion.codec import encode_persuadee_action, last_persuader_act
+from simpop.envs.persuasion.env import PersuasionActEnv
+from simpop.envs.persuasion.fitted import resample, shipped_params
 from simpop.envs.persuasion.model import (Outcome, PersuadeeModel, PersuadeeParams, PersuadeeState, PersuadeeStates,
                                           calibrate)
+from simpop.envs.persuasion.outcome import read_survey_answer
 from simpop.envs.persuasion.personas import Persona
 from simpop.seat import (SCENARIO_PERSONAS, BuildContext, DistributionalSimulator, Simulator, SimulatorSpec, Survey,
                          survey_of)
@@ -207,7 +210,7 @@ class TextPersuadee(_ModelPersuadee):
 
         $0 gets the refusal probability, each amount level the donation probability times the level's
         share (greedy: one-hot). Options are matched to amounts as the env reads answers
-        (:func:`~simpop.envs.persuasion.env.read_survey_answer`); None if no option is an amount the model
+        (:func:`~simpop.envs.persuasion.outcome.read_survey_answer`); None if no option is an amount the model
         gives (a survey not of this env), and the answer is then the model's decision as text.
         """
         out: list[list[float] | None] = []
@@ -318,7 +321,6 @@ def _model_params(model: str, personas: tuple[Persona, ...] | None, jitter: floa
 def _fitted(corpus: str, seed: int, index: int) -> PersuadeeParams:
     """Parameters fitted to bootstrap resample ``index`` of the corpus in folder ``corpus`` (none: the shipped fit)."""
     from simpop.envs.persuasion.corpus import cached_corpus, fit_params
-    from simpop.envs.persuasion.fitted import resample, shipped_params
 
     if not corpus:
         return shipped_params(index)
@@ -360,8 +362,6 @@ def _spec_arguments(spec: SimulatorSpec, context: BuildContext) -> dict[str, Any
 
 
 def _persuadee_class(env: Any) -> type:
-    from simpop.envs.persuasion.env import PersuasionActEnv
-
     if env is None:
         raise ValueError("persuadee simulators need the env (act or text level): pass env=...")
     return ActPersuadee if isinstance(env, PersuasionActEnv) else TextPersuadee
