@@ -29,9 +29,9 @@ RECORDED_S = 0.1
 #: the vLLM environment (it asks for ``vllm_python``) joins the session server's worker: it may start an engine of
 #: its own, and vLLM-CPU pins each engine to the first core, so two at once share one core (a start took 3x as long).
 RESOURCES = {"vllm_server": "vllm", "vllm_python": "vllm", "ray_cluster": "ray", "browser": "browser"}
-#: Fixtures that make a test slow whatever it measured: the resources, the real model, and the other
-#: environments' Pythons (a test that asks for one starts a server or an interpreter there).
-SLOW_FIXTURES = {*RESOURCES, "smollm2", "vllm_python", "verifiers_python"}
+#: Fixtures that make a test slow whatever it measured: the resources (the vLLM environment's Python among them),
+#: the real model, and the verifiers environment's Python (a test that asks for one starts an interpreter there).
+SLOW_FIXTURES = {*RESOURCES, "smollm2", "verifiers_python"}
 _SHARED_SCOPES = {"module", "class", "package"}
 
 

@@ -195,13 +195,14 @@ def test_experiment_cli_refuses_a_bad_config_file_and_out(tmp_path, capsys):
 
 
 # ------------------------------------------------------------------------------------------ Gymnasium / SB3
-def test_gymnasium_make_refuses_a_simulator_spec_string_naming_the_fix():
-    with pytest.raises(TypeError, match="simulator spec") as error:
-        gymnasium.make(ACT, simulator="frozen:smollm2")
-    assert "build_simulator('frozen:smollm2'" in str(error.value)
-    with pytest.raises(TypeError, match="simulator spec"):
-        gymnasium.make("simpop/Persuasion-v1", simulator=["persuadee", "persuadee"])
-    with pytest.raises(TypeError, match="must be a Simulator or a factory"):
+def test_gymnasium_make_refuses_a_bad_simulator_spec_or_value_in_one_line():
+    with pytest.raises(ValueError, match="unknown simulator kind 'nonsense-kind'; valid kinds: frozen"):
+        gymnasium.make(ACT, simulator="nonsense-kind")
+    with pytest.raises(ValueError, match="unknown population field"):
+        gymnasium.make(ACT, simulator={"persuadee": "heavy"})  # weights are numbers
+    with pytest.raises(ValueError, match="member weights must be finite and >= 0"):
+        gymnasium.make(ACT, simulator={"persuadee": -1.0})
+    with pytest.raises(TypeError, match="must be a Simulator, a factory returning one or a spec"):
         gymnasium.make(ACT, simulator=5)
 
 

@@ -1,4 +1,5 @@
-"""Issue 18 item 7: one simulator object shared by several single-agent views (vectorised envs)."""
+"""Issue 18 item 7: one simulator object shared by several single-agent views (vectorised envs); a spec or a
+factory gives each view its own."""
 
 from __future__ import annotations
 
@@ -19,10 +20,12 @@ ACTIONS = [(t % 5, (t + 2) % 5) for t in range(12)]
 ACT_ENV = make(ENV)
 
 
+USERS = ["persuadee?decoding=greedy&personas=modal", "persuadee?temperature=0.8", "persuadee?temperature=1.2"]
+
+
 def users():
     """The README's population (stochastic members, so a clobbered slot shows in the trajectories)."""
-    return build_simulator(["persuadee?decoding=greedy&personas=modal", "persuadee?temperature=0.8",
-                            "persuadee?temperature=1.2"], env=ACT_ENV)
+    return build_simulator(USERS, env=ACT_ENV)
 
 
 def alone(i: int, env=None) -> list[tuple]:
@@ -76,6 +79,19 @@ def test_a_factory_gives_each_env_its_own_simulator_and_the_trajectories_of_envs
     got = vectorised(vec)
     for i in range(2):
         assert len(got[i]) > 2 and same(got[i], alone(i))
+
+
+def test_a_spec_gives_each_env_its_own_simulator_and_the_trajectories_of_envs_played_alone():
+    vec = gymnasium.make_vec(ENV, num_envs=2, vectorization_mode="sync", simulator=USERS)
+    simulators = [env.unwrapped.simulator for env in vec.envs]
+    assert simulators[0] is not simulators[1] and all(type(s).__name__ == "Population" for s in simulators)
+    got = vectorised(vec)
+    for i in range(2):
+        assert len(got[i]) > 2 and same(got[i], alone(i))
+    one = gymnasium.make(ENV, simulator="persuadee?temperature=0.8").unwrapped.simulator
+    assert isinstance(one, ActPersuadee) and one.temperature == 0.8
+    weighted = gymnasium.make(ENV, simulator={USERS[0]: 3.0, USERS[1]: 1.0}).unwrapped.simulator
+    assert [m.name for m in weighted.members] == USERS[:2] and weighted._weights() == [3.0, 1.0]
 
 
 def test_without_the_guard_the_shared_simulator_would_give_wrong_trajectories():

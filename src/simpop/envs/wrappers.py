@@ -11,9 +11,10 @@ vectorization_mode="sync", simulator=users)``, or Stable-Baselines3's ``make_vec
 dialogue another is in the middle of, and its trajectories go silently wrong. Copying the simulator per view
 is not right in general (an LLM simulator holds its model, a trainable one the parameters a co-trainer
 updates, a population the failure rates its sampling rule reads), and the simulator contract has no reset of
-one slot. So ``simulator=`` may be a *factory* (a class or a zero-argument callable) that each view calls
-and owns what it returns: ``gymnasium.make_vec(id, num_envs=2, simulator=lambda: build_simulator(spec,
-env=env))`` (``vectorization_mode="async"`` pickles the simulator into each worker, a copy each as well).
+one slot. So ``simulator=`` may be a *spec* (each view builds its own: ``gymnasium.make_vec(id, num_envs=2,
+simulator="persuadee?temperature=0.8")``) or a *factory* (a class or a zero-argument callable) that each view
+calls and owns what it returns (``vectorization_mode="async"`` pickles the simulator into each worker, a copy
+each as well).
 One simulator object used by several views is fine while their episodes do not interleave; a view about to
 act in a dialogue whose simulator another view has reset since raises :class:`SharedSimulatorError` (naming
 the simulator and the fix) instead of returning a wrong step.
@@ -32,6 +33,9 @@ from simpop.envs.dialogue import DialogueEnv
 from simpop.envs.registration import load, make, spec
 from simpop.seat import Simulator, SimulatorSpec, expected_success
 
+#: What builds a simulator from a spec passed to ``gymnasium.make`` (an entry point, imported only when a spec is
+#: given: envs sit below the simulator registry).
+SPEC_BUILDER = "simpop.simulators.registry:build_simulator"
 #: ``id(simulator)`` -> the claim of the view that reset it last (entries go when the simulator does).
 _CLAIMS: dict[int, int] = {}
 _NEXT_CLAIM = itertools.count(1)
@@ -99,10 +103,10 @@ class UserSeat(gymnasium.Env):
             raise SharedSimulatorError(
                 f"simulator {getattr(self.simulator, 'name', '?')!r} ({type(self.simulator).__name__}) is shared by "
                 f"several envs: another env reset it after this one did, so the dialogue state this step needs now "
-                f"belongs to that env's episode. Give each env its own simulator: pass a factory, e.g. "
-                f"gymnasium.make_vec(id, num_envs=N, simulator=lambda: build_simulator(spec, env=...)) (or "
-                f"env_kwargs={{'simulator': factory}} for Stable-Baselines3's make_vec_env), or reset this env "
-                f"before stepping it again")
+                f"belongs to that env's episode. Give each env its own simulator: pass its spec or a factory, e.g. "
+                f"gymnasium.make_vec(id, num_envs=N, simulator='persuadee?temperature=0.8') (or "
+                f"env_kwargs={{'simulator': spec_or_factory}} for Stable-Baselines3's make_vec_env), or reset this "
+                f"env before stepping it again")
         observations, rewards, terminations, truncations, infos = self.env.step({self.seat: action})
         self._return += rewards[self.seat]
         obs, extra, terminated, truncated, info = self._advance(
@@ -136,12 +140,16 @@ class UserSeat(gymnasium.Env):
 
 
 def make_user_seat(env_id: str, simulator: Any = None, **kwargs: Any) -> UserSeat:
-    """Gymnasium entry point: the registered env's policy seat, with ``simulator`` (default: native), or with
-    what ``simulator()`` returns when it is a factory (a class or a zero-argument callable: one per view).
+    """Gymnasium entry point: the registered env's policy seat, with ``simulator`` in the user seat.
+
+    ``simulator`` is a simulator; a factory (a class or a zero-argument callable, called once per view); a spec
+    (``"persuadee?temperature=0.8"``, a list of specs: a uniform population, ``{spec: weight}``, or a population
+    mapping), built for this view's env, so that ``gymnasium.make_vec`` gives each env its own (an LLM spec loads
+    its model once per env: pass a factory to share one); or None, the env's native simulator.
 
     Raises:
-        TypeError: ``simulator`` is a spec string (or another non-simulator); envs sit below the simulator
-            registry, so the error says how to build it (``build_simulator``) and pass it.
+        TypeError: ``simulator`` is none of these, or a factory returned something else.
+        ValueError: A spec that does not build (the message names what is wrong in it).
         UnsupportedRenderMode: ``render_mode`` is not one of the env's (``ansi``, ``human``).
     """
     render_mode = kwargs.get("render_mode")
@@ -149,18 +157,14 @@ def make_user_seat(env_id: str, simulator: Any = None, **kwargs: Any) -> UserSea
     if render_mode is not None and render_mode not in modes:
         raise UnsupportedRenderMode(f"{env_id} does not support render_mode={render_mode!r}; its render modes are "
                                     f"{modes} (dialogue envs render text), or None")
-    if isinstance(simulator, (str, SimulatorSpec, list, tuple, dict)):
-        shown = simulator if isinstance(simulator, str) else str(simulator)
-        raise TypeError(
-            f"simulator={simulator!r} is a simulator spec; gymnasium.make takes a simulator object or a factory "
-            f"(envs do not build simulators from specs). Build it with simpop.simulators.registry.build_simulator, "
-            f"e.g. gymnasium.make({env_id!r}, simulator=lambda: build_simulator({shown!r}, "
-            f"env=simpop.make({env_id!r})))")
-    if simulator is not None and not callable(simulator) and not (hasattr(simulator, "reset")
-                                                                   and hasattr(simulator, "act")):
-        raise TypeError(f"simulator must be a Simulator or a factory returning one, got {simulator!r}")
+    from_spec = isinstance(simulator, (str, SimulatorSpec, list, tuple, dict))
+    if simulator is not None and not from_spec and not callable(simulator) and not (
+            hasattr(simulator, "reset") and hasattr(simulator, "act")):
+        raise TypeError(f"simulator must be a Simulator, a factory returning one or a spec, got {simulator!r}")
     env = make(env_id, **kwargs)
-    if simulator is not None and not isinstance(simulator, Simulator) and callable(simulator):
+    if from_spec:
+        simulator = load(SPEC_BUILDER)(simulator, env=env)
+    elif simulator is not None and not isinstance(simulator, Simulator) and callable(simulator):
         factory, simulator = simulator, simulator()
         if not (hasattr(simulator, "reset") and hasattr(simulator, "act")):
             raise TypeError(f"simulator factory {factory!r} returned {simulator!r}, not a simulator")

@@ -108,51 +108,13 @@ def bootstrap_ci(samples: Sequence[Sequence[float]], statistic: Callable[..., fl
 
 @functools.lru_cache(maxsize=256)
 def student_t_quantile(q: float, df: int) -> float:
-    """The ``q`` quantile of Student's t with ``df`` degrees of freedom (``q`` in (0.5, 1)).
-
-    Bisection on the CDF, written out so that confidence intervals need no scipy; cached (a report asks for
-    the same few quantiles a thousand times).
-    """
+    """The ``q`` quantile of Student's t with ``df`` degrees of freedom (``q`` in (0.5, 1); scipy's, cached: a
+    report asks for the same few quantiles a thousand times)."""
     if not 0.5 < q < 1 or df < 1:
         raise ValueError(f"need 0.5 < q < 1 and df >= 1, got q={q}, df={df}")
-    lo, hi = 0.0, 1.0
-    while _t_cdf(hi, df) < q:
-        hi *= 2
-    for _ in range(100):
-        mid = (lo + hi) / 2
-        lo, hi = (mid, hi) if _t_cdf(mid, df) < q else (lo, mid)
-    return (lo + hi) / 2
+    from scipy.stats import t  # on first use: importing simpop loads no scipy
 
-
-def _t_cdf(t: float, df: int) -> float:
-    """CDF of Student's t at ``t >= 0``: ``1 - I_x(df/2, 1/2) / 2`` with ``x = df / (df + t^2)``."""
-    return 1.0 - 0.5 * _betainc(df / 2, 0.5, df / (df + t * t))
-
-
-def _betainc(a: float, b: float, x: float) -> float:
-    """Regularised incomplete beta ``I_x(a, b)`` by Lentz's continued fraction."""
-    if x <= 0:
-        return 0.0
-    if x >= 1:
-        return 1.0
-    if x > (a + 1) / (a + b + 2):  # the fraction converges fast only below this point
-        return 1.0 - _betainc(b, a, 1.0 - x)
-    log_front = math.lgamma(a + b) - math.lgamma(a) - math.lgamma(b) + a * math.log(x) + b * math.log1p(-x)
-    tiny = 1e-300
-    c, d = 1.0, 1.0 - (a + b) * x / (a + 1)
-    d = 1.0 / (d if abs(d) > tiny else tiny)
-    f = d
-    for m in range(1, 300):
-        for numerator in (m * (b - m) * x / ((a + 2 * m - 1) * (a + 2 * m)),
-                          -(a + m) * (a + b + m) * x / ((a + 2 * m) * (a + 2 * m + 1))):
-            d = 1.0 + numerator * d
-            d = 1.0 / (d if abs(d) > tiny else tiny)
-            c = 1.0 + numerator / c
-            c = c if abs(c) > tiny else tiny
-            f *= c * d
-        if abs(c * d - 1.0) < 1e-15:
-            break
-    return math.exp(log_front) * f / a
+    return float(t.ppf(q, df))
 
 
 def categorical_entropy(probs: np.ndarray) -> np.ndarray:

@@ -95,8 +95,9 @@ def build_simulator(spec: SpecLike, env: Any = None, backends: MutableMapping[st
     """Construct the simulator (or population) ``spec`` describes.
 
     Args:
-        spec: A spec string or :class:`SimulatorSpec`; a list of specs (a uniform population); or a
-            mapping ``{"members": [specs] or {name: spec}, "weights": [...], "rule": ..., "name": ...}``.
+        spec: A spec string or :class:`SimulatorSpec`; a list of specs (a uniform population); ``{spec: weight}``
+            (a weighted one); or a mapping ``{"members": [specs] or {name: spec}, "weights": [...], "rule": ...,
+            "name": ...}``.
         env: The env the simulator will serve; needed for native kinds and named persona sets.
         backends: Model -> backend cache, shared across calls so simulators on one model load it once.
         name: The simulator's name (default: the spec string as given).
@@ -120,6 +121,9 @@ def _population(spec: Sequence[Any] | Mapping[str, Any], context: Context, name:
     from simpop.simulators.population import Population
 
     options: dict[str, Any] = dict(spec) if isinstance(spec, Mapping) else {"members": list(spec)}
+    if options and "members" not in options and all(isinstance(w, (int, float)) and not isinstance(w, bool)
+                                                    for w in options.values()):
+        options = {"members": list(options), "weights": list(options.values())}  # {spec: weight}
     unknown = sorted(set(options) - {"members", "weights", "rule", "rotate_every", "name"})
     if unknown:
         raise ValueError(f"unknown population field(s) {unknown}; valid: members, weights, rule, rotate_every, name")
