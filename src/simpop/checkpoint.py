@@ -23,12 +23,13 @@ import logging
 import os
 import random
 import re
-import tempfile
 from pathlib import Path
 from typing import Any
 
 import numpy as np
 import torch
+
+from simpop.files import atomic_path, write_atomically
 
 log = logging.getLogger(__name__)
 
@@ -75,18 +76,9 @@ def save(run_dir: str | Path, step: int, state: dict[str, Any], keep: int | None
     folder.mkdir(parents=True, exist_ok=True)
     remove_leftovers(run_dir)
     path = folder / f"step_{step:07d}.pt"
-    fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=folder)
-    try:
-        with os.fdopen(fd, "wb") as f:
-            torch.save({"step": int(step), "state": state, "rng": rng_state()}, f)
-            f.flush()
-            os.fsync(f.fileno())
-        _write_atomically(_checksum_path(path), f"{_sha256(Path(tmp))}  {path.name}\n".encode())
-        os.replace(tmp, path)
-    except BaseException:
-        Path(tmp).unlink(missing_ok=True)
-        raise
-    _fsync_dir(folder)  # make the rename itself durable
+    with atomic_path(path) as tmp:
+        torch.save({"step": int(step), "state": state, "rng": rng_state()}, tmp)
+        write_atomically(_checksum_path(path), f"{_sha256(tmp)}  {path.name}\n")
     if keep is not None:
         for old in _all(folder)[:-keep]:
             old.unlink(missing_ok=True)
@@ -224,27 +216,6 @@ def _sha256(path: Path) -> str:
     return digest.hexdigest()
 
 
-def _write_atomically(path: Path, data: bytes) -> None:
-    fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)
-    try:
-        with os.fdopen(fd, "wb") as f:
-            f.write(data)
-            f.flush()
-            os.fsync(f.fileno())
-        os.replace(tmp, path)
-    except BaseException:
-        Path(tmp).unlink(missing_ok=True)
-        raise
-
-
 def _first_line(error: BaseException) -> str:
     text = str(error).strip()
     return text.splitlines()[0] if text else "no message"
-
-
-def _fsync_dir(folder: Path) -> None:
-    fd = os.open(folder, os.O_RDONLY)
-    try:
-        os.fsync(fd)
-    finally:
-        os.close(fd)

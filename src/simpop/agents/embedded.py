@@ -10,13 +10,14 @@ folder.
 
 from __future__ import annotations
 
-import contextlib
 import importlib.util
 import os
 import shutil
 import tempfile
-from collections.abc import Callable, Iterator
+from collections.abc import Callable
 from pathlib import Path
+
+from filelock import FileLock
 
 #: Embedded model name -> (package holding the GGUF, GGUF file name, cache sub-folder).
 EMBEDDED_MODELS: dict[str, tuple[str, str, str]] = {
@@ -57,7 +58,7 @@ def cached_build(target: Path, build: Callable[[Path], None]) -> Path:
     if target.is_dir():
         return target
     target.parent.mkdir(parents=True, exist_ok=True)
-    with _file_lock(target.with_name(target.name + ".lock")):
+    with FileLock(target.with_name(target.name + ".lock")):
         if target.is_dir():  # another process finished while we waited for the lock
             return target
         tmp = Path(tempfile.mkdtemp(prefix=f".{target.name}.", dir=target.parent))
@@ -66,27 +67,12 @@ def cached_build(target: Path, build: Callable[[Path], None]) -> Path:
             try:
                 tmp.rename(target)
             except OSError:
-                # A builder without the lock (e.g. a file system without flock) won the race.
+                # A builder without the lock (e.g. on a file system without locks) won the race.
                 if not target.is_dir():
                     raise
         finally:
             shutil.rmtree(tmp, ignore_errors=True)
     return target
-
-
-@contextlib.contextmanager
-def _file_lock(path: Path) -> Iterator[None]:
-    try:
-        import fcntl
-    except ImportError:  # not POSIX: the rename in cached_build still keeps the folder consistent
-        yield
-        return
-    with open(path, "a") as handle:
-        fcntl.flock(handle, fcntl.LOCK_EX)
-        try:
-            yield
-        finally:
-            fcntl.flock(handle, fcntl.LOCK_UN)
 
 
 def _package_dir(package: str) -> Path:

@@ -41,7 +41,7 @@ server that stays unreachable through its retries
 (:class:`~simpop.agents.openai_backend.BackendUnavailable`) is not the policy's failure: it stops the run, like
 ``KeyboardInterrupt``; finished chunks stay, and ``resume`` continues once the server is back.
 
-**The folder.** A run holds an exclusive lock on ``out`` (:func:`run_lock`, ``fcntl.flock``) and writes only an
+**The folder.** A run holds an exclusive lock on ``out`` (:func:`run_lock`, ``filelock``) and writes only an
 empty folder or one with an ``eval.json`` (an evaluation's): never another tool's files.
 
 **Outputs** in ``out``: ``eval.json`` (settings), ``episodes.jsonl`` (:class:`~simpop.evaluation.panel.EpisodeRecord`
@@ -57,7 +57,6 @@ or generated tokens); overall and per member, the weighted mean. Policies withou
 from __future__ import annotations
 
 import contextlib
-import fcntl
 import functools
 import json
 import logging
@@ -70,9 +69,11 @@ from pathlib import Path
 from typing import Any
 
 import numpy as np
+from filelock import FileLock, Timeout
 
 from simpop.agents.openai_backend import BackendUnavailable
 from simpop.evaluation.metrics import wilson_ci
+from simpop.files import write_atomically
 from simpop.evaluation.panel import EnvPool, EpisodeRecord, begin_wave, episode_record, json_safe, transcript_of
 from simpop.rollout import Job, RolloutEngine, Trajectory
 from simpop.rollout_ray import RayConfig, RayRolloutEngine
@@ -82,7 +83,7 @@ from simpop.simulators.population import Panel
 log = logging.getLogger(__name__)
 
 EPISODES, SUMMARY, REPORT, CHART, SETTINGS = "episodes.jsonl", "summary.json", "report.md", "success.png", "eval.json"
-#: Held (``fcntl.flock``, exclusive) by the evaluation writing a folder; a second one is refused.
+#: Held (``filelock``, exclusive) by the evaluation writing a folder; a second one is refused.
 LOCK = ".simpop-eval.lock"
 CI_LEVEL = 0.95
 #: Settings a resumed run must share with the run it continues.
@@ -141,20 +142,21 @@ def run_lock(out: str | Path) -> Iterator[None]:
     """Hold ``out``'s lock (made as needed) while an evaluation writes it (ValueError if another one holds it,
     or ``out`` cannot be a folder). The kernel releases it when its holder dies, so a kill leaves none behind."""
     out = Path(out)
+    lock = FileLock(out / LOCK, timeout=0)
     try:
         if out.exists() and not out.is_dir():
             raise ValueError(f"--out {out}: exists and is not a folder")
         out.mkdir(parents=True, exist_ok=True)
-        lock = open(out / LOCK, "a")  # noqa: SIM115 - held until the evaluation ends
+        lock.acquire()
+    except Timeout:
+        raise ValueError(f"another simpop eval is writing {out} right now; wait for it to end, or choose "
+                         f"another --out") from None
     except OSError as error:
         raise ValueError(f"--out {out}: cannot make or write the folder ({error.strerror or error})") from None
-    with lock:
-        try:
-            fcntl.flock(lock, fcntl.LOCK_EX | fcntl.LOCK_NB)
-        except BlockingIOError:
-            raise ValueError(f"another simpop eval is writing {out} right now; wait for it to end, or choose "
-                             f"another --out") from None
+    try:
         yield
+    finally:
+        lock.release()
 
 
 def _locked(run: Callable[..., Any]) -> Callable[..., Any]:
@@ -313,7 +315,7 @@ def _prepare(out: Path, settings: dict[str, Any], resume: bool) -> None:
     elif not resume and episodes_path.exists() and episodes_path.stat().st_size > 0:
         raise ValueError(f"{out} already holds an evaluation ({episodes_path}); pass --resume to continue it, "
                          f"or choose another --out")
-    _write_atomic(settings_path, json.dumps(settings, indent=2, sort_keys=True) + "\n")
+    write_atomically(settings_path, json.dumps(settings, indent=2, sort_keys=True) + "\n")
 
 
 def env_view(env: Any) -> Any:
@@ -528,9 +530,7 @@ def read_records(path: str | Path, repair: bool = False) -> list[EpisodeRecord]:
         log.warning("%s: dropped %d unreadable line(s) (a write cut short by a kill); those episodes run again",
                     path, dropped)
     if repair and (dropped or (raw and not raw.endswith(b"\n"))):
-        tmp = path.with_name(path.name + ".tmp")
-        tmp.write_text("".join(line + "\n" for line in kept), encoding="utf-8")
-        os.replace(tmp, path)
+        write_atomically(path, "".join(line + "\n" for line in kept))
     return records
 
 
@@ -556,16 +556,10 @@ def write_outputs(out: str | Path, *, settings: Mapping[str, Any],
     summary = summarize(records, members, settings, planned=len(members) * len(plan))
     if summary["tau2"] is not None:
         summary["tau2"].update(_tau2_extras(out, records, members, settings))
-    _write_atomic(out / SUMMARY, json.dumps(summary, indent=2, sort_keys=True, ensure_ascii=False) + "\n")
-    _write_atomic(out / REPORT, render_report(summary))
+    write_atomically(out / SUMMARY, json.dumps(summary, indent=2, sort_keys=True, ensure_ascii=False) + "\n")
+    write_atomically(out / REPORT, render_report(summary))
     plot_success(summary, out / CHART)
     return summary
-
-
-def _write_atomic(path: Path, text: str) -> None:
-    tmp = path.with_name(f".{path.name}.tmp")
-    tmp.write_text(text, encoding="utf-8")
-    os.replace(tmp, path)
 
 
 def _rate(records: Sequence[EpisodeRecord]) -> dict[str, Any]:

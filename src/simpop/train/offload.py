@@ -12,7 +12,6 @@ LoRA adapter of SmolLM2-135M), small next to an LLM step. ``benchmarks/memory.py
 
 from __future__ import annotations
 
-import os
 import shutil
 import tempfile
 import weakref
@@ -20,6 +19,8 @@ from pathlib import Path
 from typing import Any
 
 import torch
+
+from simpop.files import atomic_path
 
 
 class OffloadedOptimizer:
@@ -82,7 +83,6 @@ class OffloadedOptimizer:
     def _offload(self) -> None:
         states = [dict(self.optimizer.state.get(p, {})) for p in self._params]
         if any(states):
-            partial = self.path.with_suffix(".partial")
-            torch.save(states, partial)
-            os.replace(partial, self.path)
+            with atomic_path(self.path) as tmp:
+                torch.save(states, tmp)
         self.optimizer.state.clear()

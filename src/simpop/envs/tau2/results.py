@@ -38,13 +38,14 @@ from __future__ import annotations
 
 import math
 import os
-import tempfile
 from collections import Counter
 from collections.abc import Iterable, Mapping, Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 import numpy as np
+
+from simpop.files import atomic_path
 
 if TYPE_CHECKING:  # the τ² import (4–7 s) happens only when a results file is written
     from tau2.data_model.simulation import Results, SimulationRun
@@ -280,11 +281,5 @@ def _number_trials(runs: list[SimulationRun]) -> None:
 def _save(results: Results, path: Path) -> None:
     """τ²'s ``Results.save`` to a temporary file beside ``path``, then an atomic replace."""
     path.parent.mkdir(parents=True, exist_ok=True)
-    fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)
-    os.close(fd)
-    try:
-        results.save(Path(tmp))
-        os.replace(tmp, path)
-    except BaseException:
-        Path(tmp).unlink(missing_ok=True)
-        raise
+    with atomic_path(path) as tmp:
+        results.save(tmp)
