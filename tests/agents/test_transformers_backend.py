@@ -25,6 +25,12 @@ def backend(smollm2, one_torch_thread) -> TransformersBackend:
     return smollm2
 
 
+@pytest.fixture(scope="module")
+def tiny(tiny_model, one_torch_thread) -> TransformersBackend:
+    """The one-layer model, for what holds of any model (padding, seeds, log-probs, the prefix cache)."""
+    return TransformersBackend(tiny_model)
+
+
 def test_encode_chat_uses_the_chat_template(backend):
     ids = backend.encode_chat(HELLO)
     text = backend.tokenizer.decode(ids)
@@ -43,7 +49,8 @@ def test_greedy_is_deterministic_and_keeps_eos(backend):
     assert france.prompt_ids == backend.encode_chat(FRANCE) and france.logprobs is None
 
 
-def test_left_padded_batch_equals_one_by_one(backend):
+def test_left_padded_batch_equals_one_by_one(tiny):
+    backend = tiny
     params = SamplingParams(max_new_tokens=8, logprobs=True)
     chats = [HELLO, LONG, FRANCE]
     assert len({len(backend.encode_chat(c)) for c in chats}) == 3  # different lengths: padding is exercised
@@ -54,7 +61,8 @@ def test_left_padded_batch_equals_one_by_one(backend):
         assert alone.logprobs == pytest.approx(together.logprobs, abs=1e-4)
 
 
-def test_seeded_sampling_is_reproducible_and_leaves_the_global_rng_alone(backend):
+def test_seeded_sampling_is_reproducible_and_leaves_the_global_rng_alone(tiny):
+    backend = tiny
     params = SamplingParams(max_new_tokens=8, temperature=1.0, seed=7)
     rng_state = torch.random.get_rng_state()
     first = [g.token_ids for g in backend.generate([HELLO] * 3, params)]
@@ -68,7 +76,8 @@ def test_seeded_sampling_is_reproducible_and_leaves_the_global_rng_alone(backend
     assert other != first
 
 
-def test_logprobs_match_token_logprobs(backend):
+def test_logprobs_match_token_logprobs(tiny):
+    backend = tiny
     params = SamplingParams(max_new_tokens=6, temperature=0.7, top_p=1.0, seed=1, logprobs=True)
     generations = backend.generate([HELLO, LONG], params)
     sequences = [g.prompt_ids + g.token_ids for g in generations]
@@ -185,12 +194,12 @@ def test_bad_input_errors(backend, tmp_path):
 
 
 @pytest.fixture
-def prefix_cached(backend):
-    """The shared backend with its prefix cache on (off and empty again afterwards)."""
-    backend.prefix_cache = True
-    yield backend
-    backend.prefix_cache = False
-    backend.clear_prefix_cache()
+def prefix_cached(tiny):
+    """The module's tiny backend with its prefix cache on (off and empty again afterwards)."""
+    tiny.prefix_cache = True
+    yield tiny
+    tiny.prefix_cache = False
+    tiny.clear_prefix_cache()
 
 
 def test_prefix_cache_gives_the_uncached_outputs_over_a_dialogue(prefix_cached):
