@@ -18,15 +18,12 @@ from __future__ import annotations
 
 import logging
 from collections.abc import Sequence
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 import numpy as np
 
 from simpop.envs.persuasion.acts import DONATING_ACTS, PERSUADEE_ACTS, PERSUADER_ACTS, REFUSING_ACTS
 from simpop.envs.persuasion.model import AMOUNT_LEVELS
-
-if TYPE_CHECKING:
-    from simpop.envs.persuasion.env import PersuasionActEnv
 
 logger = logging.getLogger(__name__)
 
@@ -41,10 +38,11 @@ class ActWave:
     """The dialogues of one wave, one per env of ``envs`` (all built alike: the same ``max_turns``).
 
     Args:
-        envs: The wave's envs; row ``i`` is played in ``envs[i]``.
+        envs: The wave's envs (``PersuasionActEnv``, which owns this module: it is not imported back); row ``i``
+            is played in ``envs[i]``.
     """
 
-    def __init__(self, envs: Sequence[PersuasionActEnv]):
+    def __init__(self, envs: Sequence[Any]):
         if not envs:
             raise ValueError("a wave needs at least one env")
         first = envs[0]
