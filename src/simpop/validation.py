@@ -8,7 +8,8 @@ rules for every input:
   strings are strings (not ``3``);
 - numbers written as text are read as numbers (PyYAML reads ``1e-2``, without a dot, as the string ``"1e-2"``);
   lists are taken for tuples; other conversions are pydantic's lossless ones (``"6"`` -> 6, ``6.0`` -> 6);
-- ``seed`` and ``*_seed`` values must be >= 0 (numpy and torch take no negative seeds);
+- integers fit in 64 bits (torch and numpy overflow beyond); ``seed`` and ``*_seed`` values are from 0 to
+  2**32 - 1 (numpy and torch take no negative seeds, and many libraries only 32-bit ones);
 - nested configs (dataclass fields) are left to their own class; other classes are checked with ``isinstance``;
   an annotation pydantic cannot build a validator for is not checked.
 
@@ -28,6 +29,8 @@ from typing import Annotated, Any, Literal
 
 from pydantic import AllowInfNan, BeforeValidator, ConfigDict, InstanceOf, StrictBool, StrictStr, TypeAdapter, \
     ValidationError
+
+from simpop.user_input import MAX_INT, MAX_SEED
 
 __all__ = ["InvalidValue", "check", "check_fields", "describe"]
 
@@ -140,9 +143,21 @@ def check(owner: str, name: str, hint: Any, value: Any, noun: str = "") -> Any:
     except ValidationError as error:
         raise InvalidValue(_message(owner, noun + name, hint, value, dict(error.errors()[0]))) from None
     if (name == "seed" or name.endswith("_seed")) and isinstance(value, int) and not isinstance(value, bool) \
-            and value < 0:
-        raise InvalidValue(f"{owner}: {noun}{name} must be >= 0 (seeds are non-negative integers), got {value}")
+            and not 0 <= value <= MAX_SEED:
+        raise InvalidValue(f"{owner}: {noun}{name} must be from 0 to {MAX_SEED} (seeds are 32-bit), got {value}")
+    for number in _integers(value):
+        if abs(number) > MAX_INT:
+            raise InvalidValue(f"{owner}: {noun}{name} must be an integer within +-{MAX_INT} (64 bits), got {number}")
     return value
+
+
+def _integers(value: Any) -> list[int]:
+    """The integers of ``value`` and of the tuples and lists in it."""
+    if isinstance(value, int) and not isinstance(value, bool):
+        return [value]
+    if isinstance(value, (tuple, list)):
+        return [n for item in value for n in _integers(item)]
+    return []
 
 
 def _message(owner: str, name: str, hint: Any, value: Any, error: dict[str, Any]) -> str:

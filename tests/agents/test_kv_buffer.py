@@ -40,6 +40,7 @@ def test_generation_from_a_batched_cache_equals_a_full_read(model_class, config_
     torch.manual_seed(0)
     config = config_class(**SIZES, **({"sliding_window": 64} if config_class is transformers.MistralConfig else {}))
     model = model_class(config).eval()
+    name = cache_argument(model)  # `cache` from transformers 5.24, `past_key_values` before
     prompts = [[5, 6, 7, 8, 9, 10], [11, 12, 13]]
     reuse = [4, 2]  # each row's first tokens come from a cached prefix
     settings = dict(max_new_tokens=5, do_sample=False, pad_token_id=0, eos_token_id=None)
@@ -47,7 +48,7 @@ def test_generation_from_a_batched_cache_equals_a_full_read(model_class, config_
         prefixes = []
         for prompt, n in zip(prompts, reuse):
             out = model(input_ids=torch.tensor([prompt[:n]]), use_cache=True)
-            prefixes.append([(layer.keys[0], layer.values[0]) for layer in out.past_key_values.layers])
+            prefixes.append([(layer.keys[0], layer.values[0]) for layer in getattr(out, name).layers])
         past, suffix = max(reuse), max(len(p) - n for p, n in zip(prompts, reuse))
         ids = torch.zeros((2, past + suffix), dtype=torch.long)
         mask = torch.zeros_like(ids)
@@ -58,7 +59,7 @@ def test_generation_from_a_batched_cache_equals_a_full_read(model_class, config_
         cache = batched_cache(config, prefixes, past, past + suffix + 5)
         layer_type = BufferedLayer if config_class is transformers.LlamaConfig else DynamicSlidingWindowLayer
         assert all(type(layer) is layer_type for layer in cache.layers)
-        cached = model.generate(input_ids=ids, attention_mask=mask, cache=cache, **settings)[:, past + suffix:]
+        cached = model.generate(input_ids=ids, attention_mask=mask, **{name: cache}, **settings)[:, past + suffix:]
         for row, prompt in enumerate(prompts):
             full = model.generate(input_ids=torch.tensor([prompt]), **settings)[0, len(prompt):]
             assert cached[row].tolist() == full.tolist()

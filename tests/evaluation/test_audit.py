@@ -94,7 +94,7 @@ def test_the_verbalized_row_measures_verbalized_sampling_when_the_backend_constr
 
 
 def test_unknown_history_ids_are_listed():
-    with pytest.raises(SystemExit, match="valid: greeting"):
+    with pytest.raises(ValueError, match="valid: greeting"):
         select_histories("greeting,nope")
 
 

@@ -73,7 +73,7 @@ def test_two_runs_never_write_one_out_folder(tmp_path):
     first.start()
     try:
         assert blocking.started.wait(20)
-        with pytest.raises(ValueError, match="another simpop eval is writing"):
+        with pytest.raises(ValueError, match="another simpop run is writing"):
             run(tmp_path, episodes=2, seed=8)
     finally:
         go.set()
@@ -83,6 +83,7 @@ def test_two_runs_never_write_one_out_folder(tmp_path):
 
 
 def test_an_out_folder_that_is_not_an_evaluation_is_never_written(tmp_path):
+    from simpop.files import RUN_LOCK
     from tests.evaluation.test_eval_run import run
     from tests.study.conftest import make_study
 
@@ -93,7 +94,7 @@ def test_an_out_folder_that_is_not_an_evaluation_is_never_written(tmp_path):
     for resume in (False, True):
         with pytest.raises(ValueError, match="holds no eval.json: not a simpop eval folder"):
             run(tmp_path / "study", episodes=2, resume=resume)
-    assert {p.name: p.read_bytes() for p in (tmp_path / "study").iterdir() if p.name != ".simpop-eval.lock"} == before
+    assert {p.name: p.read_bytes() for p in (tmp_path / "study").iterdir() if p.name != RUN_LOCK} == before
     (tmp_path / "notes").mkdir()
     (tmp_path / "notes" / "report.md").write_text("mine")
     with pytest.raises(ValueError, match="is not empty"):

@@ -69,8 +69,8 @@ def test_logger_writes_jsonl_and_tensorboard_and_resumes(tmp_path):
     # A run killed after step 3 whose last checkpoint is step 2 resumes writing after step 2.
     with (tmp_path / "metrics.jsonl").open("a") as f:
         f.write('{"step": 4, "lo')  # torn line
-    resumed = MetricsLogger(tmp_path, resume_step=2, tensorboard=False)
+    resumed = MetricsLogger(tmp_path, resume_step=2, report_to="none")
     assert [r["step"] for r in resumed.read()] == [1, 2]
     resumed.log(3, {"loss": 9.0})
     assert [r["step"] for r in resumed.read()] == [1, 2, 3]
-    assert MetricsLogger(tmp_path, tensorboard=False).read() == []  # a fresh run starts a fresh log
+    assert MetricsLogger(tmp_path, report_to="none").read() == []  # a fresh run starts a fresh log

@@ -99,7 +99,8 @@ def test_shipped_reference_and_cli(tmp_path, reference, capsys):
     summary = json.loads((out / "realism.json").read_text())
     assert summary["reference"]["source"] == "shipped" and summary["scores"][0]["spec"] == "persuadee"
     assert "| `persuadee` | 16 |" in (out / "realism.md").read_text()
-    with pytest.raises(SystemExit, match="must be >= 2"):
-        main(["audit", "--realism", "--act-episodes", "1", "--out", str(out)])
-    with pytest.raises(SystemExit, match="no such folder"):
-        main(["audit", "--realism", "--corpus", str(tmp_path / "missing"), "--out", str(out)])
+    capsys.readouterr()
+    assert main(["audit", "--realism", "--act-episodes", "1", "--out", str(out)]) == 2
+    assert "from 2 to 100000" in capsys.readouterr().err
+    assert main(["audit", "--realism", "--corpus", str(tmp_path / "missing"), "--out", str(out)]) == 2
+    assert "no such folder" in capsys.readouterr().err

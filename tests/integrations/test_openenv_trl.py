@@ -10,14 +10,19 @@ import pytest
 pytest.importorskip("openenv", reason="the OpenEnv server needs pip install simpop[openenv]")
 pytest.importorskip("trl", reason="TRL is in simpop[trl]")
 
+from tests.train.test_report_to import offline_wandb, wandb_runs  # noqa: F401  (a fixture)
+
 EXAMPLE = Path(__file__).resolve().parents[2] / "examples" / "trl_openenv_grpo.py"
 
 
-def test_trl_grpo_trains_through_the_openenv_server_with_user_turns_masked(capsys):
+def test_trl_grpo_trains_through_the_openenv_server_with_user_turns_masked(capsys, offline_wandb):  # noqa: F811
     spec = importlib.util.spec_from_file_location("trl_openenv_grpo", EXAMPLE)
     example = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(example)
-    result = example.main(["--steps", "2", "--group", "2", "--max-new-tokens", "8"])
+    with pytest.raises(SystemExit) as refused:  # --report-to takes TRL's names, checked before anything loads
+        example.main(["--report-to", "mlflow"])
+    assert refused.value.code == 2 and "unknown tracker 'mlflow'" in capsys.readouterr().err
+    result = example.main(["--steps", "2", "--group", "2", "--max-new-tokens", "8", "--report-to", "wandb"])
 
     summary, logs, batches = result["summary"], result["logs"], result["batches"]
     assert summary["updates"] == 2 and len(logs) == len(batches) == 2
@@ -36,6 +41,12 @@ def test_trl_grpo_trains_through_the_openenv_server_with_user_turns_masked(capsy
         assert log["completions/mean_length"] == pytest.approx(sum(map(sum, batch["env_mask"])) / 2)
         assert log["reward"] == pytest.approx(sum(batch["env_reward"]) / 2)
     assert '"updates": 2' in capsys.readouterr().out
+    # --report-to wandb is TRL's report_to=["wandb"]: TRL's own W&B run holds its logs, by global step.
+    (run,) = wandb_runs(offline_wandb)
+    logged = {row["train/global_step"]: row for row in run["history"] if "train/reward" in row}
+    assert sorted(logged) == [log["step"] for log in logs] == [1, 2]
+    assert all(logged[log["step"]]["train/reward"] == pytest.approx(log["reward"]) for log in logs)
+    assert run["config"]["num_generations"] == 2 and run["config"]["report_to"] == ["wandb"]
 
 
 def test_the_openenv_route_hands_trl_the_in_process_adapters_tokens(tiny_model):

@@ -70,14 +70,14 @@ def test_train_grpo_sectioned_config_and_dapo(tmp_path, capsys):
     config = tmp_path / "run.yaml"
     config.write_text(yaml.safe_dump({"grpo": {"algorithm": "dapo", "group_size": 3, "max_refill_rounds": 2},
                                       "model": {"hidden_size": 8},
-                                      "loop": {"save_every": 2, "tensorboard": False}}))
+                                      "loop": {"save_every": 2, "report_to": "none"}}))
     assert main(["train", "grpo", *ENV, *SMALL, "--updates", "3", "--out", str(out), "--config", str(config)]) == 0
     saved = yaml.safe_load((out / "config.yaml").read_text())
     assert (saved["grpo"]["algorithm"], saved["grpo"]["group_size"], saved["grpo"]["max_refill_rounds"]) == \
         ("dapo", 2, 2)  # --group-size 2 wins over the YAML's 3
     assert saved["model"]["hidden_size"] == 8
-    assert {k: saved["loop"][k] for k in ("save_every", "keep_checkpoints", "eval_every", "tensorboard")} == \
-        {"save_every": 2, "keep_checkpoints": 3, "eval_every": 10, "tensorboard": False}  # YAML, then defaults
+    assert {k: saved["loop"][k] for k in ("save_every", "keep_checkpoints", "eval_every", "report_to")} == \
+        {"save_every": 2, "keep_checkpoints": 3, "eval_every": 10, "report_to": "none"}  # YAML, then defaults
     records = _records(out)
     assert [r["step"] for r in records] == [1, 2, 3]
     assert all({"refill_rounds", "refill_shortfall", "collected_zero_var_frac"} <= set(r) for r in records)

@@ -12,6 +12,7 @@ from simpop.agents.export import load_exported, read_manifest
 from simpop.agents.policy import ActPolicy
 from simpop.cli import main
 from simpop import checkpoint
+from simpop.files import RUN_LOCK
 
 ENV = ["--env", "simpop/PersuasionAct-v0", "--no-progress", "--threads", "1"]
 SMALL = ["--group-size", "2", "--scenarios-per-update", "2", "--env-arg", "max_turns=4", "--hidden-size", "8"]
@@ -52,7 +53,7 @@ def test_grpo_exports_the_final_policy_and_reexports_on_resume(tmp_path, capsys)
     assert "exported the final policy (update 3)" in capsys.readouterr().out
     assert read_manifest(final)["step"] == 3 and _same(load_exported(final).state_dict(),
                                                        _final_checkpoint(out)["policy"])
-    assert sorted(p.name for p in out.iterdir() if p.name.startswith(".")) == []  # no temporary folders left
+    assert sorted(p.name for p in out.iterdir() if p.name.startswith(".")) == [RUN_LOCK]  # no temporary folders left
 
 
 def test_no_export_and_a_failed_export(tmp_path, capsys, monkeypatch):

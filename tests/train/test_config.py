@@ -94,12 +94,12 @@ def test_grpo_config_flags_cover_every_field():
     parser = _parser(GRPOConfig, ModelConfig, LoopConfig)
     args = parser.parse_args(["--group-size", "8", "--lora", "--kl-coef", "0.1", "--n-envs", "none",
                               "--algorithm", "dapo", "--clip-eps-high", "0.3", "--loss-aggregation", "token-sum",
-                              "--save-every", "5", "--no-tensorboard"])
+                              "--save-every", "5", "--report-to", "none"])
     config, model, loop = build(GRPOConfig, args), build(ModelConfig, args), build(LoopConfig, args)
     assert config.group_size == 8 and config.kl_coef == 0.1 and config.n_envs is None
     assert (config.algorithm, config.clip_eps_high, config.loss_aggregation) == ("dapo", 0.3, "token-sum")
     assert model.lora and model == ModelConfig(lora=True)
-    assert loop == LoopConfig(save_every=5, tensorboard=False)
+    assert loop == LoopConfig(save_every=5, report_to="none")
     for cls in (GRPOConfig, ModelConfig, LoopConfig):
         assert set(field_docs(cls)) == {f.name for f in dataclasses.fields(cls)}
     with pytest.raises(SystemExit):

@@ -61,7 +61,7 @@ def test_evaluation_at_zero_every_eval_every_and_at_the_end_with_checkpoints(tmp
         calls.append((step, trainer.update_count))  # evaluated after the step's update
         return {"score": 10.0 * step}
 
-    config = loop.LoopConfig(save_every=100, keep_checkpoints=10, eval_every=3, tensorboard=False)
+    config = loop.LoopConfig(save_every=100, keep_checkpoints=10, eval_every=3, report_to="none")
     history = loop.run(trainer, 7, tmp_path, config=config, evaluate=evaluate,
                        report=lambda step, record: reported.append((step, record["kind"])))
     assert history == [{"value": 0.5 * k} for k in range(1, 8)]
@@ -79,7 +79,7 @@ def test_evaluation_at_zero_every_eval_every_and_at_the_end_with_checkpoints(tmp
         saved_step, state = checkpoint.load(checkpoint.checkpoint_dir(tmp_path) / f"step_{step:07d}.pt",
                                             restore_rng=False)
         assert saved_step == step and state == {"update_count": step, "weight": 0.5 * step}
-    assert not (tmp_path / "tb").exists()  # tensorboard=False
+    assert not (tmp_path / "tb").exists()  # report_to="none"
 
 
 def test_without_evaluation_checkpoints_every_save_every_and_after_the_last(tmp_path):
@@ -100,7 +100,7 @@ def test_no_run_dir_keeps_nothing_on_disk(tmp_path, monkeypatch):
 
 
 def test_resume_does_not_repeat_the_step_zero_evaluation_and_stops_when_done(tmp_path):
-    config = loop.LoopConfig(eval_every=2, tensorboard=False)
+    config = loop.LoopConfig(eval_every=2, report_to="none")
     evaluated = []
 
     def evaluate(step: int) -> dict:

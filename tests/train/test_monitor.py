@@ -132,7 +132,7 @@ def _records(run_dir) -> list[dict]:
 
 def test_loop_logs_probes_and_the_warning_and_stops_on_stop(tmp_path):
     trainer = Scripted(collapsing)
-    config = loop.LoopConfig(save_every=100, monitor=True, probe_every=10, on_collapse="stop", tensorboard=False)
+    config = loop.LoopConfig(save_every=100, monitor=True, probe_every=10, on_collapse="stop", report_to="none")
     history = loop.run(trainer, 100, tmp_path, config=config, probe=trainer.probe)
     records = _records(tmp_path)
     warning = [r for r in records if r["kind"] == "collapse_warning"]
@@ -143,7 +143,7 @@ def test_loop_logs_probes_and_the_warning_and_stops_on_stop(tmp_path):
 
 
 def test_loop_warn_runs_on_and_a_healthy_run_logs_no_warning(tmp_path):
-    config = loop.LoopConfig(save_every=50, monitor=True, probe_every=10, tensorboard=False)
+    config = loop.LoopConfig(save_every=50, monitor=True, probe_every=10, report_to="none")
     collapsed = Scripted(collapsing)
     assert len(loop.run(collapsed, 100, tmp_path / "c", config=config, probe=collapsed.probe)) == 100
     assert any(r["kind"] == "collapse_warning" for r in _records(tmp_path / "c"))
@@ -156,7 +156,7 @@ def test_loop_add_simulators_calls_grow_once(tmp_path):
     calls = []
     trainer = Scripted(collapsing)
     config = loop.LoopConfig(save_every=50, monitor=True, probe_every=10, on_collapse="add-simulators",
-                             tensorboard=False)
+                             report_to="none")
     loop.run(trainer, 100, tmp_path, config=config, probe=trainer.probe,
              grow=lambda step, record: calls.append(step) or {"added": 2})
     assert len(calls) == 1
@@ -164,7 +164,7 @@ def test_loop_add_simulators_calls_grow_once(tmp_path):
 
 
 def test_resumed_monitor_fires_where_the_uninterrupted_one_does(tmp_path):
-    config = loop.LoopConfig(save_every=10, monitor=True, probe_every=10, tensorboard=False)
+    config = loop.LoopConfig(save_every=10, monitor=True, probe_every=10, report_to="none")
     whole = Scripted(collapsing)
     loop.run(whole, 100, tmp_path / "whole", config=config, probe=whole.probe)
     part = Scripted(collapsing)

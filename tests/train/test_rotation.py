@@ -67,7 +67,7 @@ def _lines(run_dir) -> list[dict]:
 
 @pytest.mark.parametrize("every", [0, 2])
 def test_rotation_schedule_is_exact_across_a_kill_and_resume(tmp_path, every):
-    config = loop.LoopConfig(save_every=2, tensorboard=False)
+    config = loop.LoopConfig(save_every=2, report_to="none")
     straight = _trainer(every)
     loop.run(straight, 7, tmp_path / "straight", config=config)
 

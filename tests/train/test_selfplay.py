@@ -85,7 +85,7 @@ def _lines(run_dir) -> list[dict]:
 
 
 def test_act_self_play_resumes_exactly(tmp_path):
-    config = loop.LoopConfig(save_every=2, tensorboard=False)
+    config = loop.LoopConfig(save_every=2, report_to="none")
     straight = _act()
     loop.run(straight, 5, tmp_path / "straight", config=config)
     loop.run(_act(), 2, tmp_path / "killed", config=config)
@@ -188,7 +188,7 @@ def test_simpop_train_selfplay_and_rotation_from_the_command_line(tmp_path, caps
     from simpop.cli import main
 
     common = ["--env", ACT, "--no-progress", "--no-export", "--group-size", "2", "--scenarios-per-update", "2",
-              "--env-arg", "max_turns=4", "--hidden-size", "8", "--updates", "2", "--no-tensorboard"]
+              "--env-arg", "max_turns=4", "--hidden-size", "8", "--updates", "2", "--report-to", "none"]
     assert main(["train", "selfplay", *common, "--out", str(tmp_path / "sp"), "--user-reward", "opposed"]) == 0
     records = [json.loads(line) for line in (tmp_path / "sp" / "metrics.jsonl").read_text().splitlines()]
     assert len(records) == 2 and {"reward_mean", "user/reward_mean", "user/loss"} <= set(records[-1])

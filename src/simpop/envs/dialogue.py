@@ -68,6 +68,10 @@ class TextSpace(spaces.Text):
         return f"TextSpace({self.min_length}, {self.max_length})"
 
 
+#: Most steps of one dialogue (a longer one is a typo, and the rollout buffers grow with it).
+MAX_STEPS = 10_000
+
+
 class Scenario(Protocol):
     """What a benchmark's scenario must offer the base: a stable identifier."""
 
@@ -114,8 +118,8 @@ class DialogueEnv(ParallelEnv, ABC):
     first_seat: ClassVar[str]
 
     def __init__(self, max_steps: int, render_mode: str | None = None):
-        if max_steps < 1:
-            raise ValueError(f"max_steps must be >= 1, got {max_steps}")
+        if not 1 <= max_steps <= MAX_STEPS:
+            raise ValueError(f"max_steps must be from 1 to {MAX_STEPS}, got {max_steps}")
         if render_mode is not None and render_mode not in self.metadata["render_modes"]:
             raise ValueError(f"render_mode must be one of {self.metadata['render_modes']}, got {render_mode!r}")
         self.possible_agents = [self.policy_seat, self.user_seat]

@@ -20,7 +20,8 @@ histories:
 
 The histories are replayed through the text env, so each simulator sees exactly the observation it
 would see in an episode. Writes ``summary.json`` (every figure and every sampled reply) and
-``report.md`` (tables) to ``--out``.
+``report.md`` (tables) to ``--out``, holding its writer lock (:func:`simpop.files.run_lock`); a folder holding
+anything but an audit's outputs (:data:`OUTPUTS`) is refused before the audit runs.
 
 ``simpop audit --realism`` instead scores simulators' behaviour against real persuadees: the realism index of
 :mod:`simpop.evaluation.realism`.
@@ -29,8 +30,10 @@ would see in an episode. Writes ``summary.json`` (every figure and every sampled
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
 import math
+import sys
 import time
 from collections import Counter
 from collections.abc import Sequence
@@ -42,6 +45,7 @@ import numpy as np
 
 from simpop.evaluation import realism
 from simpop.evaluation.diversity import Embedder, distinct_n, label_entropy, load_embedder, semantic_diversity
+from simpop.user_input import SEED, THREADS, integer
 
 DEFAULT_SIMULATORS = ("frozen:smollm2", "verbalized:smollm2?k=5", "frozen:smollm2?temperature=1.0")
 DEFAULT_ENV = "simpop/Persuasion-v1"
@@ -142,6 +146,7 @@ def audit(specs: Sequence[str], n: int = 16, histories: Sequence[History] = HIST
         figures with the sampled replies.
     """
     import simpop
+    from simpop.envs.persuasion.env import PersuasionEnv
     from simpop.simulators.registry import build_simulator
     from simpop.simulators.verbalized import VerbalizedSimulator
     from simpop.progress import progress_bar
@@ -149,7 +154,12 @@ def audit(specs: Sequence[str], n: int = 16, histories: Sequence[History] = HIST
     if n < 2:
         raise ValueError(f"n must be >= 2 to measure diversity, got {n}")
     env = simpop.make(env_id)
+    if not isinstance(env, PersuasionEnv):
+        raise ValueError(f"env {env_id}: the audit replays P4G histories in a P4G text env, e.g. {DEFAULT_ENV}")
     scenario_id = scenario_id or env.scenario_ids()[0]
+    if scenario_id not in env.scenario_ids():
+        raise ValueError(f"scenario {scenario_id!r}: {env_id} has no such scenario (e.g. "
+                         f"{', '.join(env.scenario_ids()[:3])})")
     observations = [observation_for(env, h, scenario_id, seed) for h in histories]
     scenario = env.scenario
     classify = _act_classifier()
@@ -276,36 +286,79 @@ def _json_safe(value: Any) -> Any:
 
 def configure(parser: argparse.ArgumentParser) -> None:
     """Add ``simpop audit``'s arguments to ``parser``."""
-    parser.add_argument("--sim", action="append", metavar="SPEC",
-                        help="simulator spec (repeatable), e.g. 'verbalized:smollm2?k=5'; default: "
-                             + ", ".join(DEFAULT_SIMULATORS))
-    parser.add_argument("--n", type=int, default=16, help="replies sampled per history (default 16)")
-    parser.add_argument("--histories", default="all",
-                        help="comma-separated history ids, or 'all' (ids: " + ", ".join(h.id for h in HISTORIES) + ")")
-    parser.add_argument("--env", default=DEFAULT_ENV, help=f"P4G text env id (default {DEFAULT_ENV})")
-    parser.add_argument("--scenario", default=None, help="scenario id (default: the env's first)")
-    parser.add_argument("--seed", type=int, default=0)
-    parser.add_argument("--threads", type=int, default=None,
+    diversity = [
+        parser.add_argument("--sim", action="append", metavar="SPEC",
+                            help="simulator spec (repeatable), e.g. 'verbalized:smollm2?k=5'; default: "
+                                 + ", ".join(DEFAULT_SIMULATORS)),
+        parser.add_argument("--n", type=integer(2, 10_000), default=16,
+                            help="replies sampled per history (default 16; at least 2 to measure diversity)"),
+        parser.add_argument("--histories", default="all", help="comma-separated history ids, or 'all' (ids: "
+                                                               + ", ".join(h.id for h in HISTORIES) + ")"),
+        parser.add_argument("--env", default=DEFAULT_ENV, help=f"P4G text env id (default {DEFAULT_ENV})"),
+        parser.add_argument("--scenario", default=None, help="scenario id (default: the env's first)"),
+    ]
+    parser.add_argument("--seed", type=SEED, default=0)
+    parser.add_argument("--threads", type=THREADS, default=None,
                         help="torch threads of in-process models (1 is fastest on a busy 2-core machine)")
     parser.add_argument("--out", default="runs/audit", help="output folder (default runs/audit)")
-    realism.configure(parser)
+    parser.set_defaults(mode_flags={"diversity": diversity, "realism": realism.configure(parser)})
+
+
+def misplaced_flags(args: argparse.Namespace) -> str | None:
+    """Why flags of one audit were given to the other (``--corpus`` without ``--realism``, ``--sim`` with it), or
+    None: a flag that would be ignored is a usage error."""
+    mode, other = ("--realism", "diversity") if args.realism else ("the diversity audit", "realism")
+    given = [a.option_strings[0] for a in args.mode_flags[other] if getattr(args, a.dest) != a.default]
+    if not given:
+        return None
+    return (f"{', '.join(given)} {'is' if len(given) == 1 else 'are'} not used by {mode}"
+            + ("" if args.realism else " (add --realism)"))
+
+
+#: What ``simpop audit`` writes in ``--out`` (with ``--realism``: the last two). A folder holding anything else is
+#: not an audit's, and is refused.
+OUTPUTS = ("summary.json", "report.md", "realism.json", "realism.md")
 
 
 def run(args: argparse.Namespace) -> int:
-    """Run ``simpop audit`` with parsed arguments; returns the exit code."""
+    """Run ``simpop audit`` with parsed arguments, holding ``--out``'s writer lock; returns the exit code."""
+    from simpop.files import RUN_LOCK, run_lock
+    from simpop.user_input import error_line
+
+    wrong = misplaced_flags(args)
+    if wrong:
+        print(f"simpop audit: error: {wrong}", file=sys.stderr)
+        return 2
+    with contextlib.ExitStack() as held:
+        try:  # one writer, and only an audit's folder: checked before the audit runs
+            out = held.enter_context(run_lock(args.out))
+            others = sorted(p.name for p in out.iterdir() if p.name not in (*OUTPUTS, RUN_LOCK))
+            if others:
+                raise ValueError(f"--out {args.out} holds files not written by simpop audit "
+                                 f"({', '.join(others[:5])}{', ...' if len(others) > 5 else ''}); choose a new or "
+                                 f"empty --out")
+        except (ValueError, OSError) as error:
+            print(f"simpop audit: error: {error_line(error)}", file=sys.stderr)
+            return 2
+        return _run(args)
+
+
+def _run(args: argparse.Namespace) -> int:
     if args.threads is not None:
-        if args.threads < 1:
-            raise SystemExit(f"--threads must be >= 1, got {args.threads}")
         import torch
 
         torch.set_num_threads(args.threads)
     if args.realism:
-        if args.sim:
-            raise SystemExit("--realism scores --act-sim / --text-sim / --panel specs, not --sim")
         return realism.run(args)
-    histories = select_histories(args.histories)
-    summary = audit(args.sim or list(DEFAULT_SIMULATORS), n=args.n, histories=histories, env_id=args.env,
-                    scenario_id=args.scenario, seed=args.seed)
+    try:
+        histories = select_histories(args.histories)
+        summary = audit(args.sim or list(DEFAULT_SIMULATORS), n=args.n, histories=histories, env_id=args.env,
+                        scenario_id=args.scenario, seed=args.seed)
+    except (ValueError, KeyError) as error:
+        from simpop.user_input import error_line
+
+        print(f"simpop audit: error: {error_line(error)}", file=sys.stderr)
+        return 2
     out = write(summary, args.out)
     print(render_report(summary))
     print(f"wrote {out / 'summary.json'} and {out / 'report.md'}")
@@ -319,5 +372,5 @@ def select_histories(names: str) -> list[History]:
     by_id = {h.id: h for h in HISTORIES}
     unknown = [name for name in names.split(",") if name not in by_id]
     if unknown:
-        raise SystemExit(f"unknown history id(s) {', '.join(unknown)}; valid: {', '.join(by_id)}")
+        raise ValueError(f"--histories: unknown id(s) {', '.join(unknown)}; valid: {', '.join(by_id)}")
     return [by_id[name] for name in names.split(",")]

@@ -29,6 +29,8 @@ import sys
 from pathlib import Path
 from typing import Any
 
+from simpop.user_input import SEED, THREADS, integer, number
+
 log = logging.getLogger(__name__)
 
 
@@ -42,31 +44,31 @@ def configure(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--env", help="registered env id (simpop envs lists them)")
     parser.add_argument("--policy", help="what plays the policy seat (forms below)")
     parser.add_argument("--panel", help="a shipped panel's name (e.g. p4g-act-v1) or a panel YAML file")
-    parser.add_argument("--episodes", type=int,
+    parser.add_argument("--episodes", type=integer(1, 1_000_000),
                         help="episodes per panel member (distinct scenarios while there are enough)")
-    parser.add_argument("--num-trials", type=int, help="trials of every task per member (instead of --episodes; "
+    parser.add_argument("--num-trials", type=integer(1, 10_000), help="trials of every task per member (instead of --episodes; "
                                                        "τ² pass^k for k = 1..K)")
-    parser.add_argument("--seed", type=int, default=0, help="seeds scenarios, env resets and sampling (default 0); "
+    parser.add_argument("--seed", type=SEED, default=0, help="seeds scenarios, env resets and sampling (default 0); "
                                                             "compare: the bootstrap's seed")
     parser.add_argument("--out", type=Path, help="output folder (compare: where to write compare.json/.md)")
     parser.add_argument("--resume", action="store_true", help="continue the evaluation in --out")
-    parser.add_argument("--concurrency", type=int, default=8, help="dialogues run side by side (default 8)")
+    parser.add_argument("--concurrency", type=integer(1, 4096), default=8, help="dialogues run side by side (default 8)")
     parser.add_argument("--env-arg", action="append", default=[], metavar="KEY=VALUE",
                         help="env constructor argument (YAML value), repeatable, e.g. --env-arg max_turns=4")
     parser.add_argument("--run", type=Path, help="a simpop train run folder: check that the panel is held out from "
                                                  "its simulators (default: the run of a run:DIR policy)")
-    parser.add_argument("--temperature", type=float, default=0.0, help="text policies' temperature (default 0)")
-    parser.add_argument("--top-p", type=float, default=1.0, help="text policies' nucleus mass (default 1)")
-    parser.add_argument("--max-new-tokens", type=int, default=512, help="text policies' reply limit (default 512)")
-    parser.add_argument("--resamples", type=int, default=10_000, help="compare: bootstrap resamples (default 10000)")
-    parser.add_argument("--threads", type=int, help="torch CPU threads")
+    parser.add_argument("--temperature", type=number(0, 100), default=0.0, help="text policies' temperature (default 0)")
+    parser.add_argument("--top-p", type=number(0, 1, above=True), default=1.0, help="text policies' nucleus mass (default 1)")
+    parser.add_argument("--max-new-tokens", type=integer(1, 1_000_000), default=512, help="text policies' reply limit (default 512)")
+    parser.add_argument("--resamples", type=integer(1, 10_000_000), default=10_000, help="compare: bootstrap resamples (default 10000)")
+    parser.add_argument("--threads", type=THREADS, help="torch CPU threads")
     parser.add_argument("--ray", action="store_true", help="run the chunks in Ray rollout workers, one chunk per "
                                                            "worker at a time (pip install 'simpop[ray]'; same "
                                                            "records; the policy must be act-level, scripted or "
                                                            "openai:URL#MODEL)")
     parser.add_argument("--ray-address", help="a running Ray cluster to join (default: start a local one)")
-    parser.add_argument("--ray-workers", type=int, default=2, help="Ray rollout workers (default 2)")
-    parser.add_argument("--ray-worker-cpus", type=float, default=1.0,
+    parser.add_argument("--ray-workers", type=integer(1, 4096), default=2, help="Ray rollout workers (default 2)")
+    parser.add_argument("--ray-worker-cpus", type=number(0, 1024, above=True), default=1.0,
                         help="CPUs each Ray worker reserves (fractions share a core; default 1)")
     parser.add_argument("--no-progress", action="store_true", help="hide the progress bar")
     parser.add_argument("--sim-generator", default="", metavar="vllm:launch|vllm:URL",

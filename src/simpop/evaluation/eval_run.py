@@ -41,8 +41,9 @@ server that stays unreachable through its retries
 (:class:`~simpop.agents.openai_backend.BackendUnavailable`) is not the policy's failure: it stops the run, like
 ``KeyboardInterrupt``; finished chunks stay, and ``resume`` continues once the server is back.
 
-**The folder.** A run holds an exclusive lock on ``out`` (:func:`run_lock`, ``filelock``) and writes only an
-empty folder or one with an ``eval.json`` (an evaluation's): never another tool's files.
+**The folder.** A run holds ``out``'s writer lock (:func:`simpop.files.run_lock`, shared by every command that
+writes a run folder) and writes only an empty folder or one with an ``eval.json`` (an evaluation's): never another
+tool's files.
 
 **Outputs** in ``out``: ``eval.json`` (settings), ``episodes.jsonl`` (:class:`~simpop.evaluation.panel.EpisodeRecord`
 per line), ``summary.json`` (overall and per-member success with Wilson 95% intervals, per-task breakdown,
@@ -56,24 +57,22 @@ or generated tokens); overall and per member, the weighted mean. Policies withou
 
 from __future__ import annotations
 
-import contextlib
 import functools
 import json
 import logging
 import math
 import os
 import time
-from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 import numpy as np
-from filelock import FileLock, Timeout
 
 from simpop.agents.openai_backend import BackendUnavailable
 from simpop.evaluation.metrics import wilson_ci
-from simpop.files import write_atomically
+from simpop.files import RUN_LOCK, run_lock, write_atomically
 from simpop.evaluation.panel import EnvPool, EpisodeRecord, begin_wave, episode_record, json_safe, transcript_of
 from simpop.rollout import Job, RolloutEngine, Trajectory
 from simpop.rollout_ray import RayConfig, RayRolloutEngine
@@ -83,8 +82,6 @@ from simpop.simulators.population import Panel
 log = logging.getLogger(__name__)
 
 EPISODES, SUMMARY, REPORT, CHART, SETTINGS = "episodes.jsonl", "summary.json", "report.md", "success.png", "eval.json"
-#: Held (``filelock``, exclusive) by the evaluation writing a folder; a second one is refused.
-LOCK = ".simpop-eval.lock"
 CI_LEVEL = 0.95
 #: Settings a resumed run must share with the run it continues.
 _RESUME_KEYS = ("env", "env_kwargs", "policy", "panel", "members", "seed", "episodes", "num_trials")
@@ -137,30 +134,8 @@ def _seed(entropy: list[int]) -> int:
 
 
 # ---------------------------------------------------------------------------------------------- the runner
-@contextlib.contextmanager
-def run_lock(out: str | Path) -> Iterator[None]:
-    """Hold ``out``'s lock (made as needed) while an evaluation writes it (ValueError if another one holds it,
-    or ``out`` cannot be a folder). The kernel releases it when its holder dies, so a kill leaves none behind."""
-    out = Path(out)
-    lock = FileLock(out / LOCK, timeout=0)
-    try:
-        if out.exists() and not out.is_dir():
-            raise ValueError(f"--out {out}: exists and is not a folder")
-        out.mkdir(parents=True, exist_ok=True)
-        lock.acquire()
-    except Timeout:
-        raise ValueError(f"another simpop eval is writing {out} right now; wait for it to end, or choose "
-                         f"another --out") from None
-    except OSError as error:
-        raise ValueError(f"--out {out}: cannot make or write the folder ({error.strerror or error})") from None
-    try:
-        yield
-    finally:
-        lock.release()
-
-
 def _locked(run: Callable[..., Any]) -> Callable[..., Any]:
-    """``run`` (which writes its keyword argument ``out``) holding ``out``'s :func:`run_lock`."""
+    """``run`` (which writes its keyword argument ``out``) holding ``out``'s :func:`~simpop.files.run_lock`."""
     @functools.wraps(run)
     def locked(*args: Any, out: str | Path, **kwargs: Any) -> Any:
         with run_lock(out):
@@ -199,7 +174,7 @@ def evaluate_panel(env_id: str, policy: Any, panel: Panel, *, episodes: int | No
 
     Raises:
         ValueError: Bad settings, a non-empty ``out`` without ``resume``, a resume with other settings, an
-            ``out`` that holds something other than an evaluation, or one another evaluation is writing.
+            ``out`` that holds something other than an evaluation, or one another run is writing.
     """
     if not isinstance(concurrency, int) or concurrency < 1:
         raise ValueError(f"concurrency must be an integer >= 1, got {concurrency!r}")
@@ -291,7 +266,7 @@ def _prepare(out: Path, settings: dict[str, Any], resume: bool) -> None:
     """
     settings_path, episodes_path = out / SETTINGS, out / EPISODES
     if not settings_path.exists():
-        others = sorted(p.name for p in out.iterdir() if p.name != LOCK)
+        others = sorted(p.name for p in out.iterdir() if p.name != RUN_LOCK)
         if others:
             raise ValueError(f"{out} is not empty ({', '.join(others[:5])}{', ...' if len(others) > 5 else ''}) and "
                              f"holds no {SETTINGS}: not a simpop eval folder; choose a new or empty --out")

@@ -4,8 +4,8 @@
 stays within [0, 1]); ``mean_ci`` (Student-t) summarises per-seed values, ``bootstrap_ci`` the dialogues of
 one seed; ``categorical_entropy`` and
 ``mean_token_entropy`` are the policy-entropy diagnostics (DESIGN.md §3 Evaluation);
-:class:`MetricsLogger` writes ``metrics.jsonl`` (one JSON object per step) and, when TensorBoard is
-installed, the same scalars as TensorBoard events.
+:class:`MetricsLogger` writes ``metrics.jsonl`` (one JSON object per step) and sends the same numbers to the
+experiment trackers chosen (:mod:`simpop.evaluation.trackers`: TensorBoard by default, Weights & Biases).
 """
 
 from __future__ import annotations
@@ -20,8 +20,8 @@ from typing import Any
 
 import numpy as np
 
-#: Metric keys that measure wall-clock speed; they differ between otherwise identical runs.
-WALL_CLOCK_KEYS = frozenset({"tokens_per_s", "steps_per_s", "rollout_s", "update_s"})
+#: Metric keys that measure speed (wall-clock or CPU time); they differ between otherwise identical runs.
+WALL_CLOCK_KEYS = frozenset({"tokens_per_s", "steps_per_s", "rollout_s", "update_s", "cpu_s_per_update"})
 
 
 def success_rate(successes: Iterable[bool | float]) -> float:
@@ -134,23 +134,32 @@ def mean_token_entropy(entropies: Sequence[float], mask: Sequence[int]) -> float
 
 
 class MetricsLogger:
-    """Append one JSON object per step to ``run_dir/metrics.jsonl`` (and TensorBoard scalars).
+    """Append one JSON object per step to ``run_dir/metrics.jsonl`` and send its numbers to the trackers.
 
     Args:
         run_dir: The run folder (created if missing).
         resume_step: When resuming from a checkpoint taken after step ``k``, pass ``k``: lines of
             later steps (written after that checkpoint by the run that died) are dropped so the log
-            continues exactly as an uninterrupted run would have written it. ``None`` starts a
-            fresh log (an existing one is truncated).
-        tensorboard: Also write TensorBoard events under ``run_dir/tb`` when TensorBoard is
-            installed (``pip install tensorboard``); silently off when it is not.
+            continues exactly as an uninterrupted run would have written it, and the trackers get only the
+            steps after the last one it logged (they hold the others). ``None`` starts a fresh log (an
+            existing one is truncated) and fresh tracker runs.
+        report_to: The trackers (:func:`simpop.evaluation.trackers.trackers_named`: ``tensorboard``, ``wandb``,
+            both, ``none``, ``all``).
+        config: The run's settings, for the trackers (W&B's run config).
+        name: The run's name in the trackers (W&B; default the folder's name).
+        group: The trackers' group of the run (W&B).
     """
 
-    def __init__(self, run_dir: str | Path, resume_step: int | None = None, tensorboard: bool = True):
+    def __init__(self, run_dir: str | Path, resume_step: int | None = None, report_to: str = "tensorboard", *,
+                 config: dict[str, Any] | None = None, name: str | None = None, group: str | None = None):
+        from simpop.evaluation.trackers import open_trackers
+
         self.run_dir = Path(run_dir)
         self.run_dir.mkdir(parents=True, exist_ok=True)
         self.path = self.run_dir / "metrics.jsonl"
         kept: list[str] = []
+        #: The trackers hold the steps up to this one (those the interrupted run logged).
+        self.tracked_through = -math.inf
         if resume_step is not None and self.path.exists():
             for line in self.path.read_text().splitlines():
                 # A half-written last line (killed mid-write) is dropped with the later steps.
@@ -158,42 +167,34 @@ class MetricsLogger:
                     record = json.loads(line)
                 except json.JSONDecodeError:
                     continue
+                self.tracked_through = max(self.tracked_through, record.get("step", -math.inf))
                 if record.get("step", math.inf) <= resume_step:
                     kept.append(line)
+        self._trackers = open_trackers(report_to, self.run_dir, config=config, resume=resume_step is not None,
+                                       name=name, group=group)
         self.path.write_text("".join(line + "\n" for line in kept))
-        self._writer = _tensorboard_writer(self.run_dir / "tb") if tensorboard else None
 
     def log(self, step: int, metrics: dict[str, Any]) -> None:
-        """Write ``{"step": step, **metrics}`` as one line; numeric values also go to TensorBoard."""
+        """Write ``{"step": step, **metrics}`` as one line; its numbers also go to the trackers."""
+        from simpop.evaluation.trackers import tracked_values
+
         record = {"step": int(step), **{k: _plain(v) for k, v in metrics.items()}}
         with self.path.open("a") as f:
             f.write(json.dumps(record, sort_keys=True) + "\n")
             f.flush()
-        if self._writer is not None:
-            for key, value in record.items():
-                if key != "step" and isinstance(value, (int, float)) and not isinstance(value, bool):
-                    self._writer.add_scalar(key, value, step)
-            self._writer.flush()
+        if step > self.tracked_through:
+            self._trackers.scalars(int(step), tracked_values(record))
 
     def read(self) -> list[dict[str, Any]]:
         """Every record written so far."""
         return [json.loads(line) for line in self.path.read_text().splitlines() if line]
 
     def close(self) -> None:
-        """Close the TensorBoard writer, if one is open (the JSONL file is written per record)."""
-        if self._writer is not None:
-            self._writer.close()
-            self._writer = None
+        """Finish the tracker runs (the JSONL file is written per record)."""
+        self._trackers.close()
 
 
 def _plain(value: Any) -> Any:
     """Numpy scalars -> Python numbers so that ``json`` can write them."""
     return value.item() if isinstance(value, np.generic) else value
 
-
-def _tensorboard_writer(log_dir: Path):
-    try:
-        from torch.utils.tensorboard import SummaryWriter
-    except ImportError:  # tensorboard not installed: metrics.jsonl alone
-        return None
-    return SummaryWriter(log_dir=str(log_dir))

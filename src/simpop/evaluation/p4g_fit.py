@@ -21,6 +21,8 @@ import math
 from pathlib import Path
 from typing import Any
 
+from simpop.user_input import SEED, UsageError, integer
+
 #: What the shipped files record as the command that reproduces them.
 COMMAND = "simpop fit-p4g --corpus DIR --check"
 
@@ -33,8 +35,8 @@ def configure(parser: argparse.ArgumentParser) -> None:
                         help="P4G corpus folder (full_dialog.csv, full_info.csv, 300_dialog.xlsx, 300_info.xlsx)")
     parser.add_argument("--out", default="runs/p4g-fit", help="output folder (default runs/p4g-fit)")
     parser.add_argument("--check", action="store_true", help="compare the files with the shipped ones (exit 1 if not)")
-    parser.add_argument("--resamples", type=int, default=RESAMPLES, help=f"bootstrap fits (default {RESAMPLES})")
-    parser.add_argument("--seed", type=int, default=FIT_SEED, help=f"split and resample seed (default {FIT_SEED})")
+    parser.add_argument("--resamples", type=integer(1, 1_000_000), default=RESAMPLES, help=f"bootstrap fits (default {RESAMPLES})")
+    parser.add_argument("--seed", type=SEED, default=FIT_SEED, help=f"split and resample seed (default {FIT_SEED})")
     parser.add_argument("--commit", default=CORPUS_COMMIT, help="the corpus repository commit, recorded")
 
 
@@ -86,14 +88,12 @@ def run(args: argparse.Namespace) -> int:
     from simpop.envs.persuasion.corpus import CorpusError
 
     if not Path(args.corpus).is_dir():
-        raise SystemExit(f"--corpus {args.corpus}: no such folder")
-    if args.resamples < 1:
-        raise SystemExit(f"--resamples must be >= 1, got {args.resamples}")
+        raise UsageError(f"--corpus {args.corpus}: no such folder")
     logging.getLogger("simpop.envs.persuasion.corpus").setLevel(logging.ERROR)  # skipped rows: counted in the file
     try:
         files = outputs(args.corpus, args.resamples, args.seed, args.commit)
     except CorpusError as error:
-        raise SystemExit(f"--corpus {args.corpus}: {error}") from None
+        raise UsageError(f"--corpus {args.corpus}: {error}") from None
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
     for name, content in files.items():

@@ -59,6 +59,7 @@ from simpop.envs.persuasion.acts import DECISION_ACTS, PERSUADEE_ACTS, PERSUADER
 from simpop.envs.persuasion.model import AMOUNT_LEVELS
 from simpop.envs.persuasion.outcome import parse_donation
 from simpop.evaluation.diversity import distinct_n
+from simpop.user_input import UsageError, integer
 
 REALISM_VERSION = "p4g-realism-v1"
 LEVELS = ("act", "text")
@@ -470,37 +471,40 @@ def _f(value: Any) -> str:
     return "n/a" if value is None or (isinstance(value, float) and math.isnan(value)) else f"{value:.3f}"
 
 
-def configure(parser: argparse.ArgumentParser) -> None:
-    """``simpop audit --realism`` flags (added to the audit's parser)."""
+def configure(parser: argparse.ArgumentParser) -> list[argparse.Action]:
+    """Add the ``simpop audit --realism`` flags to the audit's parser; returns those only ``--realism`` uses."""
     group = parser.add_argument_group("realism (--realism)")
     group.add_argument("--realism", action="store_true",
                        help="score simulators' behaviour against real P4G persuadees (the realism index)")
-    group.add_argument("--corpus", default=None, metavar="DIR",
-                       help="compute the people's statistics from this P4G corpus folder (default: shipped)")
-    group.add_argument("--act-sim", action="append", metavar="SPEC",
-                       help="act-level simulator spec (repeatable; default: " + ", ".join(DEFAULT_ACT) + ")")
-    group.add_argument("--text-sim", action="append", metavar="SPEC",
-                       help="text-level simulator spec (repeatable; default with --text: " + ", ".join(DEFAULT_TEXT)
-                       + ")")
-    group.add_argument("--text", action="store_true", help="also score the default text-level simulators")
-    group.add_argument("--panel", action="append", default=[], metavar="NAME", help="score a shipped panel's members")
-    group.add_argument("--act-episodes", type=int, default=128, help="dialogues per act-level simulator (128)")
-    group.add_argument("--text-episodes", type=int, default=8, help="dialogues per text-level simulator (8)")
+    return [
+        group.add_argument("--corpus", default=None, metavar="DIR",
+                           help="compute the people's statistics from this P4G corpus folder (default: shipped)"),
+        group.add_argument("--act-sim", action="append", metavar="SPEC",
+                           help="act-level simulator spec (repeatable; default: " + ", ".join(DEFAULT_ACT) + ")"),
+        group.add_argument("--text-sim", action="append", metavar="SPEC",
+                           help="text-level simulator spec (repeatable; default with --text: "
+                                + ", ".join(DEFAULT_TEXT) + ")"),
+        group.add_argument("--text", action="store_true", help="also score the default text-level simulators"),
+        group.add_argument("--panel", action="append", default=[], metavar="NAME",
+                           help="score a shipped panel's members"),
+        group.add_argument("--act-episodes", type=integer(2, 100_000), default=128,
+                           help="dialogues per act-level simulator (128)"),
+        group.add_argument("--text-episodes", type=integer(2, 10_000), default=8,
+                           help="dialogues per text-level simulator (8)"),
+    ]
 
 
 def run(args: argparse.Namespace) -> int:
     """``simpop audit --realism``: write ``realism.json`` and ``realism.md`` into ``--out``."""
-    if args.act_episodes < 2 or args.text_episodes < 2:
-        raise SystemExit("--act-episodes and --text-episodes must be >= 2")
     if args.corpus and not Path(args.corpus).is_dir():
-        raise SystemExit(f"--corpus {args.corpus}: no such folder")
+        raise UsageError(f"--corpus {args.corpus}: no such folder")
     text = args.text_sim or (list(DEFAULT_TEXT) if args.text else [])
     act = args.act_sim or ([] if args.text_sim or args.panel else list(DEFAULT_ACT))
     try:
         summary = realism_audit(act, text, corpus=args.corpus, act_episodes=args.act_episodes,
                                 text_episodes=args.text_episodes, panels=args.panel, seed=args.seed)
     except ValueError as error:
-        raise SystemExit(f"simpop audit --realism: {error}") from None
+        raise UsageError(f"--realism: {error}") from None
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
     (out / "realism.json").write_text(json.dumps(summary, indent=1))

@@ -11,6 +11,8 @@ import argparse
 import logging
 import sys
 
+from simpop.user_input import SECONDS, integer, number
+
 
 def configure(parser: argparse.ArgumentParser) -> None:
     sub = parser.add_subparsers(dest="action", required=True, metavar="ACTION")
@@ -29,10 +31,10 @@ def configure(parser: argparse.ArgumentParser) -> None:
     serve.add_argument("--env-arg", action="append", default=[], metavar="KEY=VALUE", help="env constructor argument")
     serve.add_argument("--tokenizer", metavar="MODEL", help="the policy's model: its chat template turns observations "
                        "into token ids for clients that send theirs (text envs)")
-    serve.add_argument("--max-sessions", type=int, default=defaults.max_sessions, help="concurrent sessions")
-    serve.add_argument("--max-pending", type=int, default=defaults.max_pending,
+    serve.add_argument("--max-sessions", type=integer(1, 100_000), default=defaults.max_sessions, help="concurrent sessions")
+    serve.add_argument("--max-pending", type=integer(1, 100_000), default=defaults.max_pending,
                        help="HTTP requests answered at once (429 beyond)")
-    serve.add_argument("--session-idle-timeout", type=float, default=defaults.session_idle_s,
+    serve.add_argument("--session-idle-timeout", type=SECONDS, default=defaults.session_idle_s,
                        help="seconds an idle session is kept")
     add_http_arguments(serve, max_body_bytes=defaults.max_body_bytes, read_timeout_s=defaults.read_timeout_s,
                        keep_alive_s=defaults.keep_alive_s)
@@ -41,8 +43,8 @@ def configure(parser: argparse.ArgumentParser) -> None:
                          help="train the trainable --simulator(s) on the episodes served (CoTrainer's objectives)")
     cotrain.add_argument("--cotrain-objective", default="target", help="target | persona | realism | "
                          "adversarial | diverse (simpop.train.cotrain)")
-    cotrain.add_argument("--cotrain-episodes", type=int, default=16, help="episodes per simulator update")
-    cotrain.add_argument("--sim-lr", type=float, default=0.05, help="the simulators' learning rate")
+    cotrain.add_argument("--cotrain-episodes", type=integer(1, 100_000), default=16, help="episodes per simulator update")
+    cotrain.add_argument("--sim-lr", type=number(0, 10, above=True), default=0.05, help="the simulators' learning rate")
     cotrain.add_argument("--reference-data", help="reference dialogues (objectives realism, adversarial)")
     cotrain.add_argument("--cotrain-dir", help="checkpoint folder of the simulators")
     cotrain.add_argument("--resume", action="store_true", help="continue from --cotrain-dir's newest checkpoint")
@@ -52,7 +54,9 @@ def run(args: argparse.Namespace) -> int:
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(message)s")
     from simpop.envs.registration import parse_env_args
     from simpop.integrations.openenv_server import ServerLimits, UserSeatSource, make_server
+    from simpop.user_input import error_line
 
+    cotrainer = None
     try:
         limits = ServerLimits(max_sessions=args.max_sessions, max_pending=args.max_pending,
                               max_body_bytes=args.max_body_bytes, read_timeout_s=args.read_timeout,
@@ -69,8 +73,9 @@ def run(args: argparse.Namespace) -> int:
                              log_requests=args.log_requests,
                              environment=None if cotrainer is None else cotrainer.environment)
     except (ValueError, KeyError, TypeError, OSError) as error:
-        message = error.args[0] if isinstance(error, KeyError) and error.args else error
-        print(f"simpop openenv serve: {message}", file=sys.stderr)
+        if cotrainer is not None:  # its --cotrain-dir lock goes with it
+            cotrainer.close()
+        print(f"simpop openenv serve: error: {error_line(error)}", file=sys.stderr)
         return 2
     seat = f"panel {args.panel}" if args.panel else ", ".join(args.simulator)
     print(f"simpop openenv serve: {args.env} with {seat} in the user seat at {server.url} "

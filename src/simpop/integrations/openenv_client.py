@@ -12,6 +12,9 @@ with simpop's action, observation and state types::
             print(result.observation.reply, result.reward, result.metadata["simulator"])
 
 ``step`` takes a :class:`~simpop.integrations.openenv_server.SimpopAction`, or the bare text / act index.
+A session lives as long as its WebSocket: when the server has closed it (``--session-idle-timeout``, say), a
+``step`` or ``state`` raises ``ConnectionError`` with the server's reason, and the next ``reset`` opens a new
+session (OpenEnv's client would reconnect silently, into a session without the episode).
 """
 
 from __future__ import annotations
@@ -26,6 +29,15 @@ from simpop.integrations.openenv_server import SimpopAction, SimpopObservation, 
 
 class SimpopEnvClient(EnvClient[SimpopAction, SimpopObservation, SimpopState]):
     """OpenEnv's WebSocket client, typed for simpop servers (see the module docstring)."""
+
+    async def _send(self, message: dict[str, Any]) -> None:
+        """OpenEnv's send; but a step or state on a socket the server closed raises the server's reason."""
+        ws = self._ws
+        if message.get("type") != "reset" and ws is not None and ws.close_code is not None:
+            await self._disconnect_async()  # the next call (a reset) connects afresh
+            raise ConnectionError(f"the server closed this session ({ws.close_code}: {ws.close_reason or 'no reason'})"
+                                  "; reset to start a new one")
+        await super()._send(message)
 
     def _step_payload(self, action: SimpopAction | str | int) -> dict[str, Any]:
         if not isinstance(action, SimpopAction):

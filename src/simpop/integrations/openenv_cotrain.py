@@ -17,11 +17,19 @@ step and objectives (``target``, ``persona``, ``realism``, ``adversarial``, ``di
   with an older version than the master's current one, or that end while it is being updated, are
   off-policy for its score-function objective: they are dropped and counted (``stale``).
 - **Checkpoints and resume.** ``run_dir/checkpoints`` (:mod:`simpop.checkpoint`): the masters' weights and
-  optimiser states, their versions and the update log; ``resume=True`` continues from the newest one.
+  optimiser states, their versions, the update log and the :class:`~simpop.train.cotrain.CoTrainConfig` they were
+  trained with; ``resume=True`` continues from the newest one. The folder is checked and locked
+  (:func:`simpop.files.run_lock`: one writer) before anything runs, and without ``resume`` it must hold no
+  checkpoint. A resume refuses, naming it, a setting that shapes the checkpoint (:data:`SHAPING`: the objective
+  decides which parameters the optimisers hold), other simulators, and another kind of checkpoint; other
+  settings may change and apply (a new ``sim_lr`` goes into the restored optimisers). A checkpoint that cannot be
+  written (a full disk) is a counted one-line warning (:attr:`ServerCoTrainer.checkpoint_failures`): training
+  goes on and the next update's checkpoint tries again.
 """
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import threading
 from collections.abc import Sequence
@@ -33,12 +41,19 @@ from typing import Any
 import torch
 
 from simpop import checkpoint
+from simpop.files import run_lock
 from simpop.integrations.openenv_server import SimpopEnvironment, SimpopObservation, UserSeatSource
 from simpop.seat import Trainable
 from simpop.simulators.population import leaf_simulators
+from simpop.train.config import changed_settings, json_ready, to_dict
 from simpop.train.cotrain import CoTrainConfig, CoTrainer
 
 log = logging.getLogger(__name__)
+
+#: CoTrainConfig fields a resume may not change (they decide what the checkpoint holds), with their flags.
+SHAPING = {"objective": "--cotrain-objective"}
+#: What a server co-training checkpoint holds.
+_ENTRIES = ("simulators", "versions", "optimizers", "history")
 
 
 class _SimulatorStep(CoTrainer):
@@ -58,14 +73,20 @@ class ServerCoTrainer:
         source: The server's user seat: specs of trainable simulators (one, or a population).
         config: CoTrainer's simulator settings and objective (its pool settings do not apply here).
         episodes_per_update: On-policy episodes of one simulator per optimiser update.
-        run_dir: Where checkpoints go (None: no checkpoints).
+        run_dir: Where checkpoints go (None: no checkpoints); locked until :meth:`close`.
         resume: Continue from ``run_dir``'s newest checkpoint.
+
+    Raises:
+        ValueError: Bad settings or simulators; a ``run_dir`` that cannot be written or that another run holds;
+            checkpoints in ``run_dir`` without ``resume``; a resume that does not fit them (module docstring).
     """
 
     def __init__(self, source: UserSeatSource, config: CoTrainConfig | None = None, episodes_per_update: int = 16,
                  run_dir: str | Path | None = None, resume: bool = False):
         if source.panel is not None:
             raise ValueError("--cotrain trains the user seat's simulators; a panel is for evaluation (held out)")
+        if resume and run_dir is None:
+            raise ValueError("resume needs the run_dir (--cotrain-dir) where the checkpoints are")
         if episodes_per_update < 2:
             raise ValueError(f"episodes_per_update must be >= 2 (the objective compares episodes), "
                              f"got {episodes_per_update}")
@@ -93,14 +114,25 @@ class ServerCoTrainer:
         self.published = {name: _clone(m.state_dict()) for name, m in self.masters.items()}
         self.queues: dict[str, list[tuple[Any, float]]] = {name: [] for name in self.masters}
         self.history: list[dict[str, Any]] = []
-        self.stale = 0
+        self.stale = self.checkpoint_failures = 0
         self.run_dir = None if run_dir is None else Path(run_dir)
         self._lock = threading.Lock()
         self._worker = ThreadPoolExecutor(max_workers=1, thread_name_prefix="simpop-cotrain")
         self._pending: list[Future] = []
         self._training: set[str] = set()  # simulators with an update under way
-        if resume:
-            self._resume()
+        self._held = contextlib.ExitStack()  # run_dir's writer lock
+        if self.run_dir is None:
+            return
+        self._held.enter_context(run_lock(self.run_dir, "--cotrain-dir"))
+        try:
+            if resume:
+                self._resume(self.run_dir)
+            elif checkpoint.latest(self.run_dir) is not None:
+                raise ValueError(f"--cotrain-dir {self.run_dir} already holds checkpoints; pass --resume to continue "
+                                 f"a co-training run's, or choose another --cotrain-dir")
+        except BaseException:
+            self._held.close()
+            raise
 
     # ----------------------------------------------------------------- sessions
     def environment(self) -> CoTrainedEnvironment:
@@ -149,12 +181,29 @@ class ServerCoTrainer:
                                      "stale_total": self.stale, **metrics})
             log.info("co-trained %s to version %d on %d episodes: %s", name, version + 1, len(queue),
                      {k: round(v, 4) for k, v in metrics.items()})
-            if self.run_dir is not None:
-                checkpoint.save(self.run_dir, sum(self.versions.values()), self.state_dict())
         except Exception:  # a failed update must not take the server down: logged, weights unchanged
-            log.exception("co-training update (or checkpoint) of %s from version %d failed", name, version)
+            log.exception("co-training update of %s from version %d failed", name, version)
             with self._lock:
                 self._training.discard(name)
+            return
+        if self.run_dir is not None:
+            self._checkpoint(self.run_dir)
+
+    def _checkpoint(self, run_dir: Path) -> None:
+        """Save a checkpoint; a failed one is counted and logged (a write error, such as a full disk, in one line),
+        and training goes on: the next update's checkpoint tries again."""
+        try:
+            checkpoint.save(run_dir, sum(self.versions.values()), self.state_dict())
+        except OSError as error:
+            from simpop.user_input import error_line
+
+            self.checkpoint_failures += 1
+            log.warning("co-training: writing a checkpoint in %s failed (%s; %d failed so far); the server goes on "
+                        "training and the next update tries again", run_dir, error_line(error),
+                        self.checkpoint_failures)
+        except Exception:  # not a write error: a fault to see whole, but not one to take the server down
+            self.checkpoint_failures += 1
+            log.exception("co-training: a checkpoint in %s failed", run_dir)
 
     def wait(self) -> None:
         """Block until every queued update has finished (tests, shutdown)."""
@@ -162,25 +211,35 @@ class ServerCoTrainer:
             future.result()
 
     def close(self) -> None:
-        """Finish the queued updates, then stop the update thread."""
-        self.wait()
-        self._worker.shutdown()
+        """Finish the queued updates, then stop the update thread and release ``run_dir``."""
+        try:
+            self.wait()
+            self._worker.shutdown()
+        finally:
+            self._held.close()
 
     # ----------------------------------------------------------------- checkpoints
     def state_dict(self) -> dict[str, Any]:
-        """The checkpoint: published weights and versions of every simulator, the optimisers, the update history
-        and the count of stale episodes (dropped as off-policy)."""
+        """The checkpoint: published weights and versions of every simulator, the optimisers, the update history,
+        the count of stale episodes (dropped as off-policy) and the settings (``CoTrainConfig``) they were trained
+        with."""
         with self._lock:
             return {"simulators": dict(self.published), "versions": dict(self.versions),
                     "optimizers": [o.state_dict() for o in self.step.optimizers], "history": list(self.history),
-                    "stale": self.stale}
+                    "stale": self.stale, "settings": json_ready(to_dict(self.config))}
 
-    def _resume(self) -> None:
-        found = None if self.run_dir is None else checkpoint.load_latest(self.run_dir, restore_rng=False)
+    def _resume(self, run_dir: Path) -> None:
+        found = checkpoint.load_latest(run_dir, restore_rng=False)
         if found is None:
-            log.info("co-training: no checkpoint in %s; starting from the base simulators", self.run_dir)
+            log.info("co-training: no checkpoint in %s; starting from the base simulators", run_dir)
             return
         path, _, state = found
+        if not isinstance(state, dict) or not set(_ENTRIES) <= set(state):
+            held = ", ".join(sorted(map(str, state))[:8]) if isinstance(state, dict) else type(state).__name__
+            raise ValueError(f"--cotrain-dir {run_dir} holds another kind of checkpoint ({path.name}: {held}); "
+                             f"expected a server co-training checkpoint ({', '.join(_ENTRIES)}): choose the "
+                             f"--cotrain-dir of a `simpop openenv serve --cotrain` run, or a new one")
+        self._check_settings(path, state.get("settings", {}))  # none saved: an earlier server's, at the defaults
         if set(state["simulators"]) != set(self.masters):
             raise ValueError(f"checkpoint {path} holds simulators {sorted(state['simulators'])}, this server "
                              f"{sorted(self.masters)}: resume with the same --simulator specs")
@@ -188,9 +247,26 @@ class ServerCoTrainer:
             master.load_state_dict(state["simulators"][name])
         for optimizer, saved in zip(self.step.optimizers, state["optimizers"], strict=True):
             optimizer.load_state_dict(saved)
+            for group in optimizer.param_groups:  # the saved state carries the old learning rate
+                group["lr"] = self.config.sim_lr
         self.versions, self.published = dict(state["versions"]), dict(state["simulators"])
         self.history, self.stale = list(state["history"]), int(state["stale"])
         log.info("co-training resumed from %s (versions %s)", path, self.versions)
+
+    def _check_settings(self, path: Path, saved: dict[str, Any]) -> None:
+        """Refuse a resume that changes a :data:`SHAPING` setting (one line: the setting, saved and given values);
+        log the other changed settings, which apply."""
+        given, default = to_dict(self.config), to_dict(CoTrainConfig())
+        changed = changed_settings(saved, self.config, CoTrainConfig())
+        values = {name: (saved.get(name, default.get(name)), given.get(name)) for name in changed}
+        refused = [f"{name} ({SHAPING[name]}): saved {values[name][0]!r}, given {values[name][1]!r}"
+                   for name in changed if name in SHAPING]
+        if refused:
+            raise ValueError(f"--resume with a setting that does not fit checkpoint {path}: {'; '.join(refused)}; "
+                             f"resume with the saved setting, or use a new --cotrain-dir")
+        if changed:
+            log.info("co-training: resuming with changed settings (applied): %s",
+                     ", ".join(f"{name} {old!r} -> {new!r}" for name, (old, new) in values.items()))
 
 
 class CoTrainedEnvironment(SimpopEnvironment):

@@ -6,14 +6,15 @@ environment behind each session is a :class:`SimpopEnvironment`: a fresh simpop 
 simulator in the user seat (:class:`~simpop.envs.wrappers.UserSeat`), so the client plays the policy
 seat only and never sees the simulator's turns except as the user's replies.
 
-- **Sessions**: OpenEnv's WebSocket ``/ws`` gives each connection its own environment (at most
-  ``max_sessions``; more are refused with OpenEnv's ``CAPACITY_REACHED`` error). HTTP ``/reset`` is
-  stateless in OpenEnv (a throwaway environment per request); HTTP ``/step`` therefore has no episode and is
-  answered 409.
+- **Sessions** are WebSocket-only: OpenEnv's ``/ws`` gives each connection its own environment, which lives
+  exactly as long as the connection (at most ``max_sessions``; more are refused with OpenEnv's
+  ``CAPACITY_REACHED`` error; :class:`SessionGate` refuses OpenEnv's HTTP MCP sessions, which no connection
+  holds, and closes idle sockets). HTTP ``/reset`` is stateless in OpenEnv (a throwaway environment per
+  request); HTTP ``/step`` therefore has no episode and is answered 409.
 - **The user seat**: simulator specs (one: that simulator; several: a uniform population whose member is
   drawn per episode), or a named held-out panel (``panel=``) for evaluation sessions, whose member is chosen
-  per episode by ``reset(member=...)``, else ``seed % len(panel)``, else in turn. The member that played is
-  ``metadata["simulator"]``.
+  per episode by ``reset(member=...)``, else ``seed % len(panel)``, else in turn (each session its own turn).
+  The member that played is ``metadata["simulator"]``.
 - **Observations** (:class:`SimpopObservation`): ``text`` (the env's own observation of the policy seat
   as text: the JSON chat view for text envs, the vector as a JSON list for act-level ones), ``messages``
   (the chat so far from the policy's side), ``reply`` (the user's latest message) and ``invalid_action``
@@ -22,10 +23,10 @@ seat only and never sees the simulator's turns except as the user's replies.
   and, with co-training, the simulators' versions.
 - **Limits** (:class:`ServerLimits`), with ``simpop serve``'s guards (:mod:`simpop.serve.http`):
   body size (HTTP 413, and WebSocket frames above it are refused by closing that connection), read deadline
-  (408), an API key if set (401), HTTP requests being answered at once (429 beyond ``max_pending``), idle
-  sessions reaped after ``session_idle_s``, a session id OpenEnv does not know (404,
-  :class:`UnknownSessionGate`). Bad requests get a 4xx (or OpenEnv's error frame on a WebSocket) and the
-  server keeps serving.
+  (408), an API key if set (401), HTTP requests being answered at once (429 beyond ``max_pending``), sessions
+  closed after ``session_idle_s`` idle, sessions over HTTP (400, :class:`SessionGate`). Bad requests get a 4xx
+  in ``simpop serve``'s error shape, never echoing what a response cannot carry (or an error frame on a
+  WebSocket), and the server keeps serving. ``docs/limits.md`` lists every bound.
 
 - **Token ids**, for text envs on a server started with a tokenizer (``--tokenizer MODEL``, the policy's
   model): ``reset`` returns the policy's first prompt as ``token_ids`` (system prompt = the env's
@@ -46,7 +47,7 @@ import json
 import socket
 import threading
 import uuid
-from collections.abc import Callable, MutableMapping, Sequence
+from collections.abc import Callable, Mapping, MutableMapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -61,10 +62,10 @@ except ImportError as error:  # pragma: no cover - exercised only without the ex
     raise ImportError("the OpenEnv server needs the openenv package: pip install simpop[openenv]") from error
 
 from simpop.agents.base import Generation
-from simpop.serve.http import HeadTimeoutProtocol, RequestGate, UvicornThread, error_body
+from simpop.serve.http import HeadTimeoutProtocol, RequestGate, UvicornThread, error_body, replay_body
 from simpop.envs.registration import make
 from simpop.envs.wrappers import UserSeat
-from simpop.envs.dialogue import parse_observation
+from simpop.envs.dialogue import is_unicode, parse_observation
 from simpop.evaluation.panel import json_safe
 from simpop.rollout import ChatDelta, TokenLedger
 from simpop.seat import Simulator
@@ -113,6 +114,11 @@ class BadRequest(ValueError):
 
 class NoEpisode(RuntimeError):
     """A step without a running episode (HTTP ``/step`` is stateless in OpenEnv): HTTP 409."""
+
+
+class SessionClosed(RuntimeError):
+    """A reset or step on a session OpenEnv has closed while its socket lives on (OpenEnv's
+    ``openenv/session/close`` sent from another connection): its slot has gone to another session."""
 
 
 # ================================================================================ the user seat
@@ -168,11 +174,12 @@ class SimpopEnvironment(Environment[SimpopAction, SimpopObservation, SimpopState
     """
 
     SUPPORTS_CONCURRENT_SESSIONS = True
-    _panel_turn = itertools.count()
 
     def __init__(self, source: UserSeatSource):
         super().__init__()
         self.source = source
+        self.panel_turn = itertools.count()  # this session's turn through the panel members
+        self.closed = False
         self.env = make(source.env_id, **source.env_kwargs)
         with source.build_lock:
             self.seat_filler = source.build(self.env)
@@ -188,14 +195,22 @@ class SimpopEnvironment(Environment[SimpopAction, SimpopObservation, SimpopState
         """Start an episode: the env reset with ``seed`` (and ``scenario_id``, else the env's draw), the user seat
         filled by the session's simulator, or by panel member ``member`` (default: the seed's turn through the
         members). Returns the policy seat's first observation (with its token ids when the server tokenizes).
-        Unknown arguments, a bad seed, scenario or member are a ``BadRequest``."""
+        Unknown arguments, a bad seed, episode id, scenario or member are a ``BadRequest``, named without
+        echoing the value (it may be text no response can carry)."""
+        self._check_open()
         if kwargs:
             raise BadRequest(f"unknown reset argument(s) {sorted(kwargs)}; valid: seed, episode_id, scenario_id, "
                              f"member (panel sessions)")
         if seed is not None and (isinstance(seed, bool) or not isinstance(seed, int) or seed < 0):
-            raise BadRequest(f"seed must be a non-negative integer, got {seed!r}")
+            raise BadRequest(f"seed must be a non-negative integer, got {repr(seed)[:40]}")
+        for name, value in (("episode_id", episode_id), ("scenario_id", scenario_id), ("member", member)):
+            if value is None or (isinstance(value, str) and len(value) <= 255 and is_unicode(value)):
+                continue
+            got = (type(value).__name__ if not isinstance(value, str) else f"{len(value)} characters"
+                   if len(value) > 255 else "a lone surrogate escape")
+            raise BadRequest(f"{name} must be a string of valid Unicode of at most 255 characters, got {got}")
         simulator = self._simulator_for(seed, member)
-        options = None if scenario_id is None else {"scenario_id": str(scenario_id)}
+        options = None if scenario_id is None else {"scenario_id": scenario_id}
         seat = UserSeat(self.env, simulator)
         try:
             observation, info = seat.reset(seed=seed, options=options)
@@ -216,6 +231,7 @@ class SimpopEnvironment(Environment[SimpopAction, SimpopObservation, SimpopState
         """Play the policy's ``action`` (its message, or token ids decoded by the server's tokenizer), then the
         simulator's replies until the policy is to act again or the episode ends; returns the policy seat's
         observation, reward and end flags. Without a running episode it raises ``NoEpisode``."""
+        self._check_open()
         if self.seat is None or self.env.done:
             raise NoEpisode("no episode is running in this session: reset first (OpenEnv's HTTP /step is "
                             "stateless; play episodes over the WebSocket session, e.g. SimpopEnvClient)")
@@ -251,6 +267,15 @@ class SimpopEnvironment(Environment[SimpopAction, SimpopObservation, SimpopState
 
     def episode_ended(self, info: dict[str, Any]) -> None:
         """Called once an episode ends, with the env's last info (co-training records it)."""
+
+    def close(self) -> None:
+        """OpenEnv ends the session: later resets and steps are refused (``SessionClosed``)."""
+        self.closed = True
+
+    def _check_open(self) -> None:
+        if self.closed:
+            raise SessionClosed("this session was closed on the server (openenv/session/close) and its slot given "
+                                "up: open a new WebSocket for a new session")
 
     # OpenEnv awaits these when a subclass overrides them. Without a model backend (native and act-level
     # simulators) a step takes well under a millisecond: it runs on the event loop, sparing the thread
@@ -290,7 +315,7 @@ class SimpopEnvironment(Environment[SimpopAction, SimpopObservation, SimpopState
             return self.seat_filler
         names = list(self.seat_filler)
         if member is None:
-            member = names[seed % len(names)] if seed is not None else names[next(self._panel_turn) % len(names)]
+            member = names[seed % len(names)] if seed is not None else names[next(self.panel_turn) % len(names)]
         elif member not in self.seat_filler:
             raise BadRequest(f"unknown panel member {member!r}; members: {', '.join(names)}")
         self.member = member
@@ -385,27 +410,59 @@ def make_app(source: UserSeatSource, limits: ServerLimits | None = None, *, api_
         on_reject: Called with the status of every request refused by a guard (counters).
         environment: The per-session factory (default: ``SimpopEnvironment(source)``; co-training adds hooks).
     """
-    from fastapi import Request
-    from fastapi.responses import JSONResponse
+    return _gated_app(source, limits or ServerLimits(), api_key, on_reject or (lambda status: None), environment)[0]
 
-    limits = limits or ServerLimits()
-    on_reject = on_reject or (lambda status: None)
+
+def _gated_app(source: UserSeatSource, limits: ServerLimits, api_key: str | None, on_reject: Callable[[int], None],
+               environment: Callable[[], SimpopEnvironment] | None) -> tuple[Any, HTTPEnvServer]:
+    """:func:`make_app`'s app, and the ``HTTPEnvServer`` holding its sessions."""
+    from fastapi import Request
+    from fastapi.exceptions import RequestValidationError
+    from fastapi.responses import JSONResponse
+    from starlette.exceptions import HTTPException
+
     factory = environment or functools.partial(SimpopEnvironment, source)
+    # OpenEnv's idle reaper is off (session_timeout=None): it freed a quiet WebSocket session's slot but left its
+    # socket stepping, so the cap did not hold. SessionGate closes the idle socket instead, and its session with it.
     app = create_app(factory, SimpopAction, SimpopObservation, env_name=source.env_id, state_cls=SimpopState,
                      concurrency_config=ConcurrencyConfig(max_concurrent_envs=limits.max_sessions,
-                                                          session_timeout=limits.session_idle_s))
+                                                          session_timeout=None))
     sessions = _session_registry(app)
 
+    def refused(status: int, message: str, param: str | None = None,
+                headers: Mapping[str, str] | None = None) -> JSONResponse:
+        if status < 500:
+            on_reject(status)
+        return JSONResponse(error_body(status, message, param), status_code=status, headers=headers)
+
     async def bad_request(_: Request, exc: Exception) -> JSONResponse:
-        status = 409 if isinstance(exc, NoEpisode) else 400
-        on_reject(status)
-        return JSONResponse(error_body(status, str(exc)), status_code=status)
+        return refused(409 if isinstance(exc, NoEpisode) else 400, str(exc))
+
+    async def invalid(request: Request, exc: Exception) -> JSONResponse:
+        """Validation errors (of the body, or of the action: OpenEnv raises those as a 422 HTTPException) and
+        HTTP errors, in the error shape both servers share; never the input, which may not render."""
+        if isinstance(exc, RequestValidationError):
+            return refused(422, *_invalid("request", exc.errors()))
+        assert isinstance(exc, HTTPException)
+        if isinstance(exc.detail, list):
+            return refused(exc.status_code, *_invalid("action", exc.detail))
+        return refused(exc.status_code, f"{exc.detail}: {request.method} {request.url.path}", headers=exc.headers)
 
     app.add_exception_handler(BadRequest, bad_request)
     app.add_exception_handler(NoEpisode, bad_request)
-    gated = PendingGate(UnknownSessionGate(app, sessions, on_reject), limits.max_pending, on_reject)
+    app.add_exception_handler(RequestValidationError, invalid)
+    app.add_exception_handler(HTTPException, invalid)
+    gated = PendingGate(SessionGate(app, limits.session_idle_s, on_reject), limits.max_pending, on_reject)
     return _WebSocketKey(RequestGate(gated, api_key, limits.max_body_bytes, limits.read_timeout_s,
-                                     on_reject=on_reject), api_key)
+                                     on_reject=on_reject), api_key), sessions
+
+
+def _invalid(what: str, errors: Sequence[Any]) -> tuple[str, str | None]:
+    """A one-line message naming each failed field and rule of a pydantic validation, and the first field."""
+    fields = [".".join(str(part) for part in error.get("loc", ()) if part != "body") for error in errors]
+    rules = dict.fromkeys(f"'{field}': {error.get('msg', 'invalid')}" if field else str(error.get("msg", "invalid"))
+                          for field, error in zip(fields, errors))
+    return f"invalid {what}: " + "; ".join(list(rules)[:4]), (fields[0].split(".")[0] or None) if fields else None
 
 
 def _session_registry(app: Any) -> HTTPEnvServer:
@@ -420,73 +477,144 @@ def _session_registry(app: Any) -> HTTPEnvServer:
     raise RuntimeError("OpenEnv's /ws route does not hold its HTTPEnvServer: unsupported openenv version")
 
 
-class UnknownSessionGate:
-    """ASGI middleware: a request naming a session OpenEnv does not know gets HTTP 404, before the app.
+#: Why HTTP cannot hold sessions here (answered to ``POST /mcp`` session calls and ``/ws?session_id=...``).
+WEBSOCKET_ONLY = ("sessions are WebSocket-only on this server: connect to /ws, and that connection is its own "
+                  "session until it closes (HTTP /mcp cannot create, close or name sessions)")
 
-    OpenEnv 0.10 names sessions in two places: ``/ws?session_id=...`` (attach a WebSocket to an HTTP MCP
-    session), which it would accept and then answer with an error frame, and the ``session_id`` param of a
-    JSON-RPC ``POST /mcp``, which it answers with HTTP 200 and a JSON-RPC error. Both get a 404 here: the
-    WebSocket handshake is denied with an HTTP 404 response (ASGI's ``websocket.http.response``; a server
-    without it closes the handshake, HTTP 403), and ``/mcp`` gets a 404 carrying the JSON-RPC error.
+
+class SessionGate:
+    """ASGI middleware: a session lives exactly as long as its WebSocket, so live sessions never exceed the cap.
+
+    OpenEnv 0.10 also opens sessions over HTTP (``POST /mcp`` ``openenv/session/create``), which no connection
+    holds: each kept a slot until the idle timeout, and ``--max-sessions`` of them locked every WebSocket client
+    out. Here:
+
+    - ``POST /mcp`` that creates, closes or names a session (``openenv/session/create``, ``openenv/session/close``,
+      a ``session_id`` param) gets HTTP 400 with the JSON-RPC error; other MCP calls pass to OpenEnv.
+    - ``/ws?session_id=...`` (attaching a WebSocket to such a session) is refused at the handshake: HTTP 400
+      (ASGI's ``websocket.http.response``; a server without it closes the handshake, HTTP 403).
+    - A WebSocket (``/ws``, ``/mcp``) that sends nothing for ``idle_s`` seconds while the server waits on it is
+      closed with code 1001 and a reason naming ``--session-idle-timeout``; its session ends with it.
+    - A ``/ws`` frame OpenEnv cannot answer and keep the session (binary, not a JSON object, nested too deeply,
+      text that is not valid Unicode) gets an ``INVALID_JSON`` error frame here; the session plays on.
     """
 
-    def __init__(self, app: Any, server: HTTPEnvServer, on_reject: Callable[[int], None]) -> None:
-        self.app, self.server, self.on_reject = app, server, on_reject
-
-    def _unknown(self, session_id: Any) -> bool:
-        return isinstance(session_id, str) and bool(session_id) and self.server.get_session_info(session_id) is None
+    def __init__(self, app: Any, idle_s: float, on_reject: Callable[[int], None]) -> None:
+        self.app, self.idle_s, self.on_reject = app, idle_s, on_reject
 
     async def __call__(self, scope: dict[str, Any], receive: Any, send: Any) -> None:
-        if scope["type"] == "websocket" and scope["path"] == "/ws":
+        if scope["type"] == "websocket":
             from urllib.parse import parse_qs
 
-            session_id = parse_qs(scope.get("query_string", b"").decode("latin-1")).get("session_id", [""])[0]
-            if self._unknown(session_id):
-                self.on_reject(404)
-                message = f"Unknown session_id: {session_id} (no such OpenEnv session on this server)"
-                if "websocket.http.response" in scope.get("extensions", {}):
-                    body = json.dumps(error_body(404, message, param="session_id", code="unknown_session")).encode()
-                    await send({"type": "websocket.http.response.start", "status": 404,
-                                "headers": [(b"content-type", b"application/json"),
-                                            (b"content-length", str(len(body)).encode())]})
-                    await send({"type": "websocket.http.response.body", "body": body})
-                else:
-                    await send({"type": "websocket.close", "code": 1008, "reason": message[:120]})
+            if parse_qs(scope.get("query_string", b"").decode("latin-1")).get("session_id"):
+                await self._refuse_attach(scope, send)
                 return
+            await self._websocket(scope, receive, send)
         elif scope["type"] == "http" and scope["path"] == "/mcp" and scope["method"] == "POST":
-            chunks, more = [], True
-            while more:
-                message = await receive()
-                chunks.append(message.get("body", b""))
-                more = message.get("more_body", False)
-            body = b"".join(chunks)
-            try:
-                request = json.loads(body)
-                params = request.get("params") if isinstance(request, dict) else None
-                session_id = params.get("session_id") if isinstance(params, dict) else None
-            except ValueError:
-                session_id = None
-            if self._unknown(session_id):
-                self.on_reject(404)
-                data = json.dumps({"jsonrpc": "2.0", "id": request.get("id"),
-                                   "error": {"code": -32602, "message": f"Unknown session_id: {session_id}"}}).encode()
-                await send({"type": "http.response.start", "status": 404,
-                            "headers": [(b"content-type", b"application/json"),
-                                        (b"content-length", str(len(data)).encode())]})
-                await send({"type": "http.response.body", "body": data})
+            await self._mcp(scope, receive, send)
+        else:
+            await self.app(scope, receive, send)
+
+    async def _websocket(self, scope: dict[str, Any], receive: Any, send: Any) -> None:
+        closed, checked = False, scope["path"] == "/ws"
+        reason = f"session closed: idle for {self.idle_s:g} s (--session-idle-timeout); reconnect for a new one"
+
+        async def waiting() -> dict[str, Any]:
+            nonlocal closed
+            while not closed:
+                try:
+                    async with asyncio.timeout(self.idle_s):
+                        message = await receive()
+                except TimeoutError:
+                    closed = True
+                    await send({"type": "websocket.close", "code": 1001, "reason": reason[:123]})
+                    break
+                problem = _frame_problem(message) if checked else None
+                if problem is None:
+                    return message
+                await send({"type": "websocket.send", "text": json.dumps(
+                    {"type": "error", "data": {"message": problem, "code": "INVALID_JSON"}})})
+            return {"type": "websocket.disconnect", "code": 1001}
+
+        async def sending(message: dict[str, Any]) -> None:
+            if not closed:  # after the idle close, OpenEnv's own close has nothing left to close
+                await send(message)
+
+        await self.app(scope, waiting, sending)
+
+    async def _refuse_attach(self, scope: dict[str, Any], send: Any) -> None:
+        self.on_reject(400)
+        if "websocket.http.response" in scope.get("extensions", {}):
+            body = json.dumps(error_body(400, WEBSOCKET_ONLY, param="session_id", code="websocket_only")).encode()
+            await send({"type": "websocket.http.response.start", "status": 400,
+                        "headers": [(b"content-type", b"application/json"),
+                                    (b"content-length", str(len(body)).encode())]})
+            await send({"type": "websocket.http.response.body", "body": body})
+        else:
+            await send({"type": "websocket.close", "code": 1008, "reason": WEBSOCKET_ONLY[:123]})
+
+    async def _mcp(self, scope: dict[str, Any], receive: Any, send: Any) -> None:
+        chunks, more = [], True
+        while more:  # RequestGate, in front, has bounded the body's size and arrival
+            message = await receive()
+            chunks.append(message.get("body", b""))
+            more = message.get("more_body", False)
+        body = b"".join(chunks)
+        try:
+            request = json.loads(body)
+        except (ValueError, RecursionError):  # OpenEnv answers what is not JSON (a parse error)
+            request = None
+        if isinstance(request, dict):
+            if not _valid_unicode(request):  # OpenEnv would echo it (the method's name, say) in an unrenderable answer
+                await self._refuse_rpc(send, request, "the request holds text that is not valid Unicode (a lone "
+                                                      "surrogate escape such as \\ud800)")
                 return
-            replayed = False
+            if _names_a_session(request):
+                await self._refuse_rpc(send, request, WEBSOCKET_ONLY)
+                return
+        await self.app(scope, replay_body(body, receive), send)
 
-            async def replay() -> dict[str, Any]:
-                nonlocal replayed
-                if replayed:
-                    return await receive()
-                replayed = True
-                return {"type": "http.request", "body": body, "more_body": False}
+    async def _refuse_rpc(self, send: Any, request: dict[str, Any], message: str) -> None:
+        """HTTP 400 carrying the JSON-RPC error."""
+        self.on_reject(400)
+        request_id = request.get("id")
+        request_id = request_id if isinstance(request_id, int | str) and is_unicode(str(request_id)) else None
+        data = json.dumps({"jsonrpc": "2.0", "id": request_id, "error": {"code": -32600, "message": message}}).encode()
+        await send({"type": "http.response.start", "status": 400,
+                    "headers": [(b"content-type", b"application/json"), (b"content-length", str(len(data)).encode())]})
+        await send({"type": "http.response.body", "body": data})
 
-            await self.app(scope, replay, send)
-            return
-        await self.app(scope, receive, send)
+
+def _frame_problem(message: dict[str, Any]) -> str | None:
+    """Why OpenEnv could not answer a WebSocket message and keep the session (None: it can)."""
+    if message["type"] != "websocket.receive":
+        return None
+    if message.get("text") is None:
+        return "binary frames are not read: send text frames, each a JSON object"
+    try:
+        frame = json.loads(message["text"])
+    except (ValueError, RecursionError) as error:
+        return f"the frame is not JSON: {str(error)[:200]}"
+    if not isinstance(frame, dict):
+        return 'a frame must be a JSON object, such as {"type": "reset", "data": {"seed": 0}}'
+    if not _valid_unicode(frame):
+        return "the frame holds text that is not valid Unicode (a lone surrogate escape such as \\ud800)"
+    return None
+
+
+def _valid_unicode(request: dict[str, Any]) -> bool:
+    """Whether a JSON request holds only text a UTF-8 response can carry (no lone surrogates)."""
+    try:
+        return is_unicode(json.dumps(request, ensure_ascii=False))
+    except RecursionError:
+        return False
+
+
+def _names_a_session(request: dict[str, Any]) -> bool:
+    """Whether a JSON-RPC request creates, closes or names an OpenEnv session."""
+    params = request.get("params")
+    return (request.get("method") in ("openenv/session/create", "openenv/session/close")
+            or (isinstance(params, dict) and bool(params.get("session_id"))))
 
 
 class _WebSocketKey:
@@ -514,6 +642,7 @@ class OpenEnvServer:
     socket: socket.socket
     limits: ServerLimits
     log_requests: bool = False
+    sessions: HTTPEnvServer | None = field(default=None, repr=False)
     rejected: int = 0
     _uvicorn: Any = field(default=None, repr=False)
 
@@ -527,6 +656,11 @@ class OpenEnvServer:
             access_log=self.log_requests, log_level="info" if self.log_requests else "warning",
             backlog=4096)
         self._uvicorn = UvicornThread(config, self.socket, "the OpenEnv server")
+
+    @property
+    def active_sessions(self) -> int:
+        """Sessions open now (each held by its WebSocket; at most ``limits.max_sessions``)."""
+        return 0 if self.sessions is None else self.sessions.active_sessions
 
     @property
     def url(self) -> str:
@@ -564,8 +698,8 @@ def make_server(source: UserSeatSource, host: str = "127.0.0.1", port: int = 800
     def count(status: int) -> None:
         holder[0].rejected += 1
 
-    app = make_app(source, limits, api_key=api_key, on_reject=count, environment=environment)
+    app, sessions = _gated_app(source, limits, api_key, count, environment)
     sock = socket.create_server((host, port), family=socket.AF_INET6 if ":" in host else socket.AF_INET,
                                 backlog=4096)
-    holder.append(OpenEnvServer(app, sock, limits, log_requests))
+    holder.append(OpenEnvServer(app, sock, limits, log_requests, sessions))
     return holder[0]

@@ -29,6 +29,7 @@ import numpy as np
 import simpop
 from simpop.integrations.marl import MarlView
 from simpop.simulators.registry import build_simulator
+from simpop.validation import check_fields
 
 try:
     import torch
@@ -63,6 +64,20 @@ class PPOConfig:
     envs: int = 8
     env_kwargs: dict[str, Any] = field(default_factory=dict)
 
+    def __post_init__(self) -> None:
+        """Types by simpop's one validator (:func:`~simpop.validation.check_fields`), then ranges."""
+        check_fields(self)
+        for key in ("iterations", "frames_per_batch", "epochs", "minibatch_size", "hidden", "envs"):
+            self._need(getattr(self, key) >= 1, f"{key} must be >= 1, got {getattr(self, key)}")
+        self._need(self.lr > 0, f"lr must be > 0, got {self.lr}")
+        self._need(0 <= self.lmbda <= 1, f"lmbda must be in [0, 1], got {self.lmbda}")
+        self._need(0 < self.clip_epsilon < 1, f"clip_epsilon must be in (0, 1), typically 0.2; got {self.clip_epsilon}")
+        self._need(self.policy_entropy >= 0, f"policy_entropy must be >= 0, got {self.policy_entropy}")
+
+    def _need(self, ok: bool, message: str) -> None:
+        if not ok:
+            raise ValueError(f"{type(self).__name__}: {message}")
+
 
 @dataclass
 class MarlConfig(PPOConfig):
@@ -73,6 +88,11 @@ class MarlConfig(PPOConfig):
     realism_floor: float = 0.02
     #: 1.0 with unnormalised advantages makes the user seat's objective -KL(user || reference).
     user_entropy: float = 1.0
+
+    def __post_init__(self) -> None:
+        super().__post_init__()
+        self._need(0 < self.realism_floor < 1, f"realism_floor must be in (0, 1), got {self.realism_floor}")
+        self._need(self.user_entropy >= 0, f"user_entropy must be >= 0, got {self.user_entropy}")
 
 
 @dataclass

@@ -24,7 +24,6 @@ simpop.integrations.verifiers_env`` does it from the command line (``docs/integr
 
 from __future__ import annotations
 
-import argparse
 import asyncio
 import hashlib
 import json
@@ -45,6 +44,7 @@ import simpop
 from simpop.envs.dialogue import DialogueEnv, TextSpace
 from simpop.integrations.turns import instructions, next_message
 from simpop.seat import SimulatorSpec
+from simpop.user_input import ArgumentParser, integer
 
 #: The plugin id verifiers loads this taskset, env and harness by.
 PLUGIN_ID = "simpop-verifiers"
@@ -242,8 +242,8 @@ def summarise(episode: vf.Episode) -> dict[str, Any]:
 def main(argv: list[str] | None = None) -> int:
     """``python -m simpop.integrations.verifiers_env``: play ``--episodes`` episodes and print one JSON line each
     (:func:`summarise`); bad arguments print one line and return 2."""
-    parser = argparse.ArgumentParser(prog="python -m simpop.integrations.verifiers_env",
-                                     description="Play simpop episodes as a verifiers environment; prints JSON lines.")
+    parser = ArgumentParser(prog="python -m simpop.integrations.verifiers_env",
+                            description="Play simpop episodes as a verifiers environment; prints JSON lines.")
     parser.add_argument("--policy-url", required=True, help="OpenAI-compatible base URL of the policy's model")
     parser.add_argument("--user-url", required=True, help="OpenAI-compatible base URL of the user's model")
     parser.add_argument("--policy-model", default="policy")
@@ -251,13 +251,13 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--user-simulator", default="frozen:smollm2", help="simulator spec the user agent stands for")
     parser.add_argument("--env", default="simpop/Persuasion-v1")
     parser.add_argument("--env-kwargs", default="{}", help="JSON object of env arguments, e.g. '{\"max_turns\": 2}'")
-    parser.add_argument("--episodes", type=int, default=1)
-    parser.add_argument("--max-tokens", type=int, default=64)
+    parser.add_argument("--episodes", type=integer(1, 100_000), default=1)
+    parser.add_argument("--max-tokens", type=integer(1, 1_000_000), default=64)
     args = parser.parse_args(argv)
     try:
         env_kwargs = json.loads(args.env_kwargs)
-        if not isinstance(env_kwargs, dict) or args.episodes < 1:
-            raise ValueError("--env-kwargs must be a JSON object and --episodes >= 1")
+        if not isinstance(env_kwargs, dict):
+            raise ValueError("--env-kwargs must be a JSON object")
         SimulatorSpec.parse(args.user_simulator)
         _make(args.env, env_kwargs)
     except (ValueError, KeyError, TypeError) as error:

@@ -24,6 +24,8 @@ import h11
 import uvicorn
 from uvicorn.protocols.http.h11_impl import H11Protocol
 
+from simpop.user_input import PORT, SECONDS, integer
+
 Scope = dict[str, Any]
 
 
@@ -39,22 +41,28 @@ def add_http_arguments(parser: argparse.ArgumentParser, guards: Any = None, *, m
     """
     guards = guards or parser
     parser.add_argument("--host", default="127.0.0.1", help="interface to bind (0.0.0.0 exposes it to the network)")
-    parser.add_argument("--port", type=int, default=8000)
+    parser.add_argument("--port", type=PORT, default=8000)
     parser.add_argument("--api-key", help="require 'Authorization: Bearer KEY' on every request (and WebSocket)")
-    guards.add_argument("--max-body-bytes", type=int, default=max_body_bytes,
+    guards.add_argument("--max-body-bytes", type=integer(1, 2**30), default=max_body_bytes,
                         help="largest request body (or WebSocket message); larger ones get HTTP 413 unread")
-    guards.add_argument("--read-timeout", type=float, default=read_timeout_s,
+    guards.add_argument("--read-timeout", type=SECONDS, default=read_timeout_s,
                         help="seconds a client has to send its request head, and again its body (408 after)")
-    guards.add_argument("--keep-alive-timeout", type=float, default=keep_alive_s,
+    guards.add_argument("--keep-alive-timeout", type=SECONDS, default=keep_alive_s,
                         help="seconds an idle keep-alive connection stays open")
     parser.add_argument("--log-requests", action="store_true", help="log every HTTP request")
 
 
 def error_body(status: int, message: str, param: str | None = None, code: str | None = None) -> dict[str, Any]:
-    """OpenAI's error shape."""
+    """OpenAI's error shape, the one error path of both servers' responses. It always renders: text a UTF-8
+    body cannot carry (lone surrogates, from a request's ``\\ud800`` escapes echoed in the message) is escaped."""
     kind = {401: "authentication_error", 404: "not_found_error", 413: "invalid_request_error"}.get(
         status, "invalid_request_error" if status < 500 else "server_error")
-    return {"error": {"message": message, "type": kind, "param": param, "code": code}}
+    return {"error": {"message": _renderable(message), "type": kind,
+                      "param": None if param is None else _renderable(param), "code": code}}
+
+
+def _renderable(text: str) -> str:
+    return text.encode("utf-8", "backslashreplace").decode("utf-8")
 
 
 class RequestGate:
@@ -111,7 +119,7 @@ class RequestGate:
             await self._refuse(send, 408, f"the request body did not arrive within {self.read_timeout_s:g} s "
                                           "(the server's --read-timeout)", code="request_timeout")
             return
-        await self.app(scope, _replay(bytes(body), receive), send)
+        await self.app(scope, replay_body(bytes(body), receive), send)
 
     def _too_large(self, size: int | None) -> str:
         got = f"{size} bytes" if size is not None else "more"
@@ -128,7 +136,7 @@ class RequestGate:
         await send({"type": "http.response.body", "body": data})
 
 
-def _replay(body: bytes, receive: Any) -> Any:
+def replay_body(body: bytes, receive: Any) -> Any:
     """An ASGI ``receive`` that yields ``body`` once, then waits on the real one (for disconnects)."""
     sent = False
 

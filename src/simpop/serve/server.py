@@ -66,6 +66,7 @@ from simpop.agents.base import Backend, Chat, Generation, SamplingParams, suppor
 from simpop.serve.batching import MicroBatcher
 from simpop.serve.http import HeadTimeoutProtocol, RequestGate, UvicornThread, add_http_arguments, error_body
 from simpop.serve.requests import ChatCompletionRequest, CompletionRequest, LimitExceeded, Limits, describe
+from simpop.user_input import THREADS, UsageError, integer, number
 
 log = logging.getLogger(__name__)
 
@@ -579,20 +580,20 @@ def configure(parser: argparse.ArgumentParser) -> None:
     simpop.add_argument(
         "--dtype", choices=("float32", "bfloat16"), help="weights dtype of a transformers backend"
     )
-    simpop.add_argument("--threads", type=int, help="torch threads of a transformers backend")
-    simpop.add_argument("--max-batch", type=int, default=32, help="most chats per backend call")
+    simpop.add_argument("--threads", type=THREADS, help="torch threads of a transformers backend")
+    simpop.add_argument("--max-batch", type=integer(1, 4096), default=32, help="most chats per backend call")
     simpop.add_argument(
-        "--batch-window-ms", type=float, default=10.0, help="how long a request waits for batch mates"
+        "--batch-window-ms", type=number(0, 60_000), default=10.0, help="how long a request waits for batch mates"
     )
-    simpop.add_argument("--max-n", type=int, default=defaults.max_n, help="most completions per request")
-    simpop.add_argument("--max-stop", type=int, default=defaults.max_stop, help="most stop strings per request")
-    simpop.add_argument("--max-request-compute", type=int, default=defaults.max_request_compute,
+    simpop.add_argument("--max-n", type=integer(1, 4096), default=defaults.max_n, help="most completions per request")
+    simpop.add_argument("--max-stop", type=integer(0, 1024), default=defaults.max_stop, help="most stop strings per request")
+    simpop.add_argument("--max-request-compute", type=integer(1), default=defaults.max_request_compute,
                         help="largest n × prompt tokens × max_tokens of one request")
-    simpop.add_argument("--max-request-tokens", type=int, default=defaults.max_request_tokens,
+    simpop.add_argument("--max-request-tokens", type=integer(1), default=defaults.max_request_tokens,
                         help="largest n × (prompt tokens + max_tokens) of one request (its KV cache)")
-    simpop.add_argument("--default-max-tokens", type=int, default=defaults.default_max_tokens,
+    simpop.add_argument("--default-max-tokens", type=integer(1, 1_000_000), default=defaults.default_max_tokens,
                         help="max_tokens of a chat request that sends none")
-    simpop.add_argument("--shutdown-grace", type=float, default=defaults.shutdown_grace_s,
+    simpop.add_argument("--shutdown-grace", type=number(0, 86_400), default=defaults.shutdown_grace_s,
                         help="seconds a stopping server lets requests in flight finish before cancelling them")
     add_http_arguments(parser, simpop, max_body_bytes=defaults.max_body_bytes, read_timeout_s=defaults.read_timeout_s,
                        keep_alive_s=defaults.keep_alive_s)
@@ -606,7 +607,7 @@ def run(args: argparse.Namespace) -> int:
     if args.engine == "vllm":
         return _run_vllm(args)
     if args.lora or args.vllm_arg:
-        raise SystemExit("simpop serve: --lora and --vllm-arg need --engine vllm")
+        raise UsageError("--lora and --vllm-arg need --engine vllm")
     from simpop.agents import load_backend
 
     try:
@@ -616,7 +617,7 @@ def run(args: argparse.Namespace) -> int:
                         read_timeout_s=args.read_timeout, keep_alive_s=args.keep_alive_timeout,
                         shutdown_grace_s=args.shutdown_grace)
     except ValueError as error:
-        raise SystemExit(f"simpop serve: {error}") from None
+        raise UsageError(str(error)) from None
     options = {k: v for k, v in {"dtype": args.dtype, "threads": args.threads}.items() if v is not None}
     backend = load_backend(args.model, **options)
     server = make_server(backend, args.host, args.port, model_name=args.name, max_batch=args.max_batch,
@@ -638,12 +639,12 @@ def _run_vllm(args: argparse.Namespace) -> int:
     for spec in args.lora:
         name, sep, path = spec.partition("=")
         if not (sep and name and path):
-            raise SystemExit(f"simpop serve: --lora takes NAME=PATH, got {spec!r}")
+            raise UsageError(f"--lora takes NAME=PATH, got {spec!r}")
         loras[name] = path
     try:
         from simpop.agents.vllm_server import serve_forever
     except ImportError as error:
-        raise SystemExit(f"simpop serve --engine vllm needs simpop's vLLM launcher and vLLM itself ({error}); "
+        raise UsageError(f"--engine vllm needs simpop's vLLM launcher and vLLM itself ({error}); "
                          "install vLLM with `pip install simpop[vllm]` (or `make vllm-env` on CPU), or use "
                          "--engine simpop") from None
     serve_forever(model=args.model, host=args.host, port=args.port, api_key=args.api_key, loras=loras,

@@ -20,6 +20,8 @@ import secrets
 import sys
 from pathlib import Path
 
+from simpop.user_input import PORT, SECONDS, SEED, integer, number
+
 
 def configure(parser: argparse.ArgumentParser) -> None:
     parser.formatter_class = argparse.RawDescriptionHelpFormatter
@@ -31,25 +33,25 @@ def configure(parser: argparse.ArgumentParser) -> None:
                        help="a policy of the study (repeat: A=SPEC, B=SPEC; participants never see the label)")
     serve.add_argument("--scenarios", nargs="+", metavar="ID", help="scenario ids to draw from (default: all)")
     serve.add_argument("--out", type=Path, required=True, help="the study folder (chats, study.json, reports)")
-    serve.add_argument("--seed", type=int, default=0, help="seeds the blinded assignment and env resets (default 0)")
-    serve.add_argument("--chats-per-participant", type=int,
+    serve.add_argument("--seed", type=SEED, default=0, help="seeds the blinded assignment and env resets (default 0)")
+    serve.add_argument("--chats-per-participant", type=integer(1, 1000),
                        help="chats each participant has (default: one per policy, in random order)")
     serve.add_argument("--env-arg", action="append", default=[], metavar="KEY=VALUE",
                        help="env constructor argument (YAML value), repeatable, e.g. --env-arg max_turns=6")
     serve.add_argument("--host", default="127.0.0.1", help="address to bind (default 127.0.0.1: this machine only)")
-    serve.add_argument("--port", type=int, default=8765, help="port (default 8765)")
+    serve.add_argument("--port", type=PORT, default=8765, help="port (default 8765)")
     serve.add_argument("--token", help="the study token participants need (default: $SIMPOP_STUDY_TOKEN, "
                                        "else a random one, printed)")
-    serve.add_argument("--max-message-chars", type=int, default=1000, help="longest message (default 1000)")
+    serve.add_argument("--max-message-chars", type=integer(1, 100_000), default=1000, help="longest message (default 1000)")
     serve.add_argument("--message-rate", default="1/second;20/minute",
                        help="messages allowed per chat (default '1/second;20/minute')")
-    serve.add_argument("--idle-timeout", type=float, default=900.0,
+    serve.add_argument("--idle-timeout", type=SECONDS, default=900.0,
                        help="seconds without a reply before a chat is abandoned (default 900)")
-    serve.add_argument("--temperature", type=float, default=0.0, help="text policies' temperature (default 0)")
-    serve.add_argument("--max-new-tokens", type=int, default=512, help="text policies' reply limit (default 512)")
+    serve.add_argument("--temperature", type=number(0, 100), default=0.0, help="text policies' temperature (default 0)")
+    serve.add_argument("--max-new-tokens", type=integer(1, 1_000_000), default=512, help="text policies' reply limit (default 512)")
     report = sub.add_parser("report", help="success and ratings per policy, paired comparison")
     report.add_argument("dir", type=Path, help="the study folder")
-    report.add_argument("--seed", type=int, default=0, help="the bootstrap's seed (default 0)")
+    report.add_argument("--seed", type=SEED, default=0, help="the bootstrap's seed (default 0)")
 
 
 def run(args: argparse.Namespace) -> int:

@@ -22,8 +22,11 @@ A trainer is one entry of :data:`TRAINERS`: its config classes (every field of e
 names are disjoint within a trainer, argparse refuses a clash) and a ``build`` function. The run folder
 gets ``config.yaml`` (every config, by section; reusable with ``--config``, which also takes a flat
 mapping), ``run.json`` (trainer, env, simulator, env arguments, panel: a named panel's name or the panel
-file's absolute path, evaluation episodes), ``metrics.jsonl``, TensorBoard events under ``tb/`` and
-checkpoints under ``checkpoints/`` (:func:`simpop.train.loop.run`).
+file's absolute path, evaluation episodes), ``metrics.jsonl``, checkpoints under ``checkpoints/``
+(:func:`simpop.train.loop.run`) and what ``--report-to`` chooses: TensorBoard events under ``tb/`` (the default),
+a Weights & Biases run (``wandb``), both (``tensorboard,wandb``) or neither (``none``). A run holds the folder's
+writer lock (:func:`simpop.files.run_lock`) from before it writes there to its end, so a second command on it (a
+``--resume`` while the run lives) is refused with one line.
 
 When the loop finishes, the final policy is exported to ``final/`` (:func:`simpop.agents.export.export_policy`;
 ``--no-export`` skips it): a text policy as a standard HF model folder (a LoRA adapter merged into the base,
@@ -41,6 +44,7 @@ the same command with ``--resume`` once the server is back finishes the run as a
 from __future__ import annotations
 
 import argparse
+import contextlib
 import dataclasses
 import json
 import sys
@@ -48,6 +52,8 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
+
+from simpop.user_input import THREADS, integer
 
 #: What a trainer's build function gets: env id, env, simulator spec, {section: config}, env arguments.
 Build = Callable[[str, Any, str, dict[str, Any], dict[str, Any]], Any]
@@ -120,19 +126,19 @@ def configure(parser: argparse.ArgumentParser) -> None:
                          choices=["uniform", "weighted", "prioritised", "rotate"],
                          help="how a population of several --simulator specs picks a member per dialogue "
                               "(simpop.simulators.population.Population); rotate: members take turns")
-        run.add_argument("--rotate-every", type=int, default=0, metavar="N",
+        run.add_argument("--rotate-every", type=integer(0, 1_000_000_000), default=0, metavar="N",
                          help="--population-rule rotate: the next member every N updates (0: round robin per dialogue)")
         run.add_argument("--panel", help="held-out simulators to evaluate on every --eval-every updates: a named "
                                          "panel (simpop.evaluation.panels, e.g. p4g-act-v1) or a panel YAML file "
                                          "(see simpop.simulators.registry)")
-        run.add_argument("--eval-episodes", type=int, default=32, help="dialogues per panel member and evaluation")
-        run.add_argument("--updates", type=int, required=True, help="total number of updates of the run")
+        run.add_argument("--eval-episodes", type=integer(1, 100_000), default=32, help="dialogues per panel member and evaluation")
+        run.add_argument("--updates", type=integer(0, 1_000_000_000), required=True, help="total number of updates of the run")
         run.add_argument("--out", type=Path, required=True, help="run folder (metrics, checkpoints, config)")
         run.add_argument("--config", type=Path, help="YAML file of config fields, by section or flat (flags win)")
         run.add_argument("--resume", action="store_true", help="continue the run in --out from its last checkpoint")
         run.add_argument("--env-arg", action="append", default=[], metavar="KEY=VALUE",
                          help="env constructor argument (YAML value), repeatable, e.g. --env-arg max_turns=4")
-        run.add_argument("--threads", type=int, help="torch CPU threads (default: torch's choice; on a busy CPU, 1 "
+        run.add_argument("--threads", type=THREADS, help="torch CPU threads (default: torch's choice; on a busy CPU, 1 "
                                                      "can be many times faster)")
         run.add_argument("--no-progress", action="store_true", help="hide the progress bar")
         run.add_argument("--no-export", action="store_true", help="do not export the final policy to OUT/final")
@@ -143,7 +149,13 @@ def configure(parser: argparse.ArgumentParser) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
+    with contextlib.ExitStack() as held:  # what _run holds to the end: --out's writer lock
+        return _run(args, held)
+
+
+def _run(args: argparse.Namespace, held: contextlib.ExitStack) -> int:
     from simpop.agents.vllm_server import VLLMUnavailable
+    from simpop.files import run_lock
 
     entry = TRAINERS[args.trainer]
     setup_errors: tuple[type[BaseException], ...] = (ValueError, KeyError, TypeError, OSError, VLLMUnavailable,
@@ -151,6 +163,7 @@ def run(args: argparse.Namespace) -> int:
     try:  # setup errors are the user's to fix: say what, without a traceback
         import simpop
         from simpop.envs.registration import parse_env_args
+        from simpop.evaluation.trackers import require as require_trackers
 
         check_run_flags(args)
         if args.threads is not None:
@@ -158,6 +171,7 @@ def run(args: argparse.Namespace) -> int:
 
             torch.set_num_threads(args.threads)
         configs = build_configs(entry, args)
+        require_trackers(configs["loop"].report_to)
         kwargs = parse_env_args(args.env_arg)
         env = simpop.make(args.env, **kwargs)
         simulator = args.simulator or [entry.default_simulator]
@@ -167,6 +181,7 @@ def run(args: argparse.Namespace) -> int:
         trainer = _load(entry.build)(args.env, env, spec, configs, kwargs)
         evaluate = panel_evaluation(args, env, trainer, kwargs, panel) if panel else None
         trainer, probe, grow = monitor_hooks(args, env, trainer, kwargs, configs["loop"], panel)
+        held.enter_context(run_lock(args.out))  # one writer per run folder, before it is touched
         try:
             prepare_run_dir(args.out, args.resume, configs, {"trainer": args.trainer, "env": args.env,
                                                              "simulator": spec, "env_kwargs": kwargs, "panel": panel,
@@ -179,12 +194,16 @@ def run(args: argparse.Namespace) -> int:
 
         print(f"simpop train {args.trainer}: error: {error_line(error)}", file=sys.stderr)
         return 2
+    from simpop.evaluation.trackers import TrackerError
     from simpop.train.loop import run as run_loop
 
     try:
         history = run_loop(trainer, args.updates, args.out, config=configs["loop"], resume=args.resume,
                            evaluate=evaluate, progress=not args.no_progress, desc=args.trainer, probe=probe,
                            grow=grow)
+    except TrackerError as error:  # W&B could not start its run (not logged in, ...): nothing has been trained
+        print(f"simpop train {args.trainer}: error: {error}", file=sys.stderr)
+        return 2
     except OSError as error:  # a full disk, a folder removed under the run: finished checkpoints are kept
         from simpop.user_input import error_line
 
@@ -419,11 +438,8 @@ def monitor_hooks(args: argparse.Namespace, env: Any, trainer: Any, kwargs: dict
 
 # ------------------------------------------------------------------------------------------ helpers
 def check_run_flags(args: argparse.Namespace) -> None:
-    """Refuse out-of-range run flags and an ``--out`` that cannot be written, before anything is built."""
-    for flag, value, least in (("--updates", args.updates, 0), ("--eval-episodes", args.eval_episodes, 1),
-                               ("--threads", args.threads, 1)):
-        if value is not None and value < least:
-            raise ValueError(f"{flag} must be >= {least}, got {value}")
+    """Refuse a missing ``--config`` and an ``--out`` that cannot be written, before anything is built (numeric
+    flags are checked against their ranges as they are parsed)."""
     if args.config is not None and not Path(args.config).is_file():
         raise ValueError(f"--config {args.config}: no such file")
     check_out_dir(args.out)
@@ -525,7 +541,7 @@ def prepare_run_dir(out: Path, resume: bool, configs: dict[str, Any], run_info: 
     import yaml
 
     from simpop import checkpoint
-    from simpop.train.config import to_dict
+    from simpop.train.config import changed_settings, to_dict
     from simpop.user_input import load_yaml_file
 
     resolved = {section: to_dict(config) for section, config in configs.items()}
@@ -533,11 +549,8 @@ def prepare_run_dir(out: Path, resume: bool, configs: dict[str, Any], run_info: 
     if resume:
         if config_path.exists():
             saved = load_yaml_file(config_path) or {}
-            # A field (or section) that a run from before it existed did not record had its default.
-            defaults = {section: to_dict(type(config)()) for section, config in configs.items()}
-            changed = [f"{section}.{k}: {saved.get(section, {}).get(k, defaults[section][k])!r} -> {v!r}"
-                       for section, values in resolved.items() for k, v in values.items()
-                       if saved.get(section, {}).get(k, defaults[section][k]) != v]
+            changed = [f"{section}.{change}" for section, config in configs.items()
+                       for change in changed_settings(saved.get(section) or {}, config, type(config)(), values=True)]
             if changed:
                 raise ValueError(f"--resume with different settings than the run in {out}: " + ", ".join(changed)
                                  + f"; pass the same flags (or --config {config_path}), or use a new --out")

@@ -23,7 +23,7 @@ import typing
 from pathlib import Path
 from typing import Any, Literal, TypeVar
 
-from simpop.validation import check, unwrap_optional
+from simpop.validation import InvalidValue, check, unwrap_optional
 
 T = TypeVar("T")
 
@@ -88,9 +88,9 @@ def add_arguments(parser: argparse.ArgumentParser, cls: type, skip: tuple[str, .
             kwargs["type"] = type(kwargs["choices"][0])
         elif typing.get_origin(kind) is tuple:
             kwargs["nargs"] = "*"
-            kwargs["type"] = typing.get_args(kind)[0]
+            kwargs["type"] = FieldType(cls, f.name, typing.get_args(kind)[0])
         else:
-            kwargs["type"] = _none_or(kind) if optional else kind
+            kwargs["type"] = FieldType(cls, f.name, kind, optional)
         kwargs["metavar"] = kind.__name__.upper() if isinstance(kind, type) else None
         group.add_argument(flag, **kwargs)
 
@@ -164,17 +164,21 @@ def to_dict(config: Any) -> dict[str, Any]:
     return {f.name: _plain(getattr(config, f.name)) for f in dataclasses.fields(config)}
 
 
-def changed_settings(saved: dict[str, Any], current: Any, default: Any) -> list[str]:
+def changed_settings(saved: dict[str, Any], current: Any, default: Any, *, values: bool = False) -> list[str]:
     """Dotted names of the settings in which config ``current`` differs from ``saved`` (a :func:`to_dict` of an
-    earlier run's config). A setting ``saved`` lacks (a field added since) counts as changed only if ``current``
-    moves it off ``default``'s value (a config built with the defaults), which earlier runs behaved as."""
+    earlier run's config); with ``values``, ``name: saved -> current``. A setting ``saved`` lacks (a field added
+    since) counts as changed only if ``current`` moves it off ``default``'s value (a config built with the
+    defaults), which earlier runs behaved as; one ``current`` lacks (a field removed since) is a change: the
+    earlier run meant something this one cannot."""
     def flat(value: Any, prefix: str = "") -> dict[str, Any]:
         if isinstance(value, dict) and value:
             return {k: v for key, item in value.items() for k, v in flat(item, f"{prefix}{key}.").items()}
         return {prefix.rstrip("."): value}
 
     old, new, base = flat(saved), flat(json_ready(to_dict(current))), flat(json_ready(to_dict(default)))
-    return sorted(k for k in new.keys() | old.keys() if (old[k] if k in old else base.get(k)) != new.get(k))
+    before = {k: old[k] if k in old else base.get(k) for k in new.keys() | old.keys()}
+    names = sorted(k for k in before if before[k] != new.get(k, "(removed)"))
+    return [f"{k}: {before[k]!r} -> {new.get(k, '(removed)')!r}" for k in names] if values else names
 
 
 def json_ready(value: Any) -> Any:
@@ -197,11 +201,21 @@ def save_yaml(config: Any, path: str | Path) -> None:
     Path(path).write_text(yaml.safe_dump(to_dict(config), sort_keys=False))
 
 
-def _none_or(kind: type):
-    """An argparse ``type`` that also accepts ``none`` for optional fields."""
+class FieldType:
+    """The argparse ``type`` of a config field's flag: the text read as ``kind`` (``none`` too if ``optional``),
+    then checked by :func:`~simpop.validation.check`, so ``nan``, ``inf`` and out-of-range integers are refused
+    while the flags are parsed, as a usage error."""
 
-    def parse(text: str):
-        return None if text.lower() == "none" else kind(text)
+    def __init__(self, cls: type, name: str, kind: Any, optional: bool = False) -> None:
+        self.cls, self.name, self.kind, self.optional = cls, name, kind, optional
+        self.__name__ = getattr(kind, "__name__", str(kind))  # argparse names the type in its messages
 
-    parse.__name__ = kind.__name__
-    return parse
+    def __call__(self, text: str) -> Any:
+        if self.optional and text.lower() == "none":
+            return None
+        try:
+            value = self.kind(text) if isinstance(self.kind, type) else text
+            return check(self.cls.__name__, self.name, self.kind, value)
+        except (TypeError, ValueError) as error:
+            raise argparse.ArgumentTypeError(str(error) if isinstance(error, InvalidValue)
+                                             else f"invalid {self.__name__} value: {text!r}") from None

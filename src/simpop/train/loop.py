@@ -6,7 +6,8 @@ everything that trains. :func:`run` drives it; ``simpop train`` and ``simpop exp
 call it. A run folder holds::
 
     metrics.jsonl       one line per update ({"step", "kind": "train", ...}) and per evaluation ("kind": "eval")
-    tb/                 TensorBoard scalars of the same (when TensorBoard is installed and enabled)
+    tb/                 TensorBoard scalars of the same (``report_to``: the default; :mod:`simpop.evaluation.trackers`)
+    wandb-run-id        with ``report_to`` wandb: the Weights & Biases run that ``resume`` continues
     checkpoints/        atomic step_<k>.pt files, the newest ``keep_checkpoints`` kept
     config.yaml         the policy's ``model`` and ``grpo`` sections, and run.json (trainer, env): what
     run.json            ``simpop eval --policy run:DIR`` rebuilds the policy from (:func:`write_run_card`)
@@ -72,7 +73,8 @@ class LoopConfig:
         save_every: Write a checkpoint every this many updates (and after the last one).
         keep_checkpoints: Checkpoints kept on disk (older ones are deleted).
         eval_every: Updates between evaluations when the run has an evaluation (also at 0 and at the end).
-        tensorboard: Also write TensorBoard scalars under ``tb/`` (when TensorBoard is installed).
+        report_to: Experiment trackers that also get the metrics, TRL's names: ``tensorboard`` (scalars under
+            ``tb/``), ``wandb`` (Weights & Biases), both comma-separated, ``none`` or ``all`` (every one installed).
         monitor: Run the collapse early warning (:mod:`simpop.train.monitor`); needs a probe panel.
         probe_panel: The monitor's probe panel: a named panel or panel YAML (``simpop train``); it must differ
             from the held-out ``--panel``.
@@ -85,7 +87,7 @@ class LoopConfig:
     save_every: int = 1
     keep_checkpoints: int = 3
     eval_every: int = 10
-    tensorboard: bool = True
+    report_to: str = "tensorboard"
     monitor: bool = False
     probe_panel: str | None = None
     probe_every: int = 10
@@ -94,7 +96,13 @@ class LoopConfig:
 
     def __post_init__(self) -> None:
         check_fields(self)
+        from simpop.evaluation.trackers import trackers_named
         from simpop.train.monitor import ON_COLLAPSE
+
+        try:
+            trackers_named(self.report_to)
+        except ValueError as error:
+            raise ValueError(f"LoopConfig: {error}") from None
 
         for key in ("save_every", "keep_checkpoints", "eval_every", "probe_every", "probe_episodes"):
             if getattr(self, key) < 1:
@@ -134,10 +142,25 @@ def write_run_card(run_dir: str | Path, info: dict[str, Any], model: Any, grpo: 
         tmp.replace(run_dir / name)
 
 
+def read_run_card(run_dir: str | Path) -> dict[str, Any]:
+    """A run folder's settings, as trackers record them: ``config.yaml``'s sections and ``run.json`` as ``run``
+    (what is missing is left out)."""
+    import json
+
+    from simpop.user_input import load_yaml_file
+
+    run_dir = Path(run_dir)
+    card = dict(load_yaml_file(run_dir / "config.yaml") or {}) if (run_dir / "config.yaml").exists() else {}
+    if (run_dir / "run.json").exists():
+        card["run"] = json.loads((run_dir / "run.json").read_text())
+    return card
+
+
 def run(trainer: Trainer, updates: int, run_dir: str | Path | None = None, *, config: LoopConfig | None = None,
         resume: bool = False, evaluate: Callable[[int], dict[str, Any]] | None = None,
         report: Reporter | None = None, progress: bool = False, desc: str = "train", probe: Probe | None = None,
-        grow: Grow | None = None, monitor: Any = None) -> list[dict[str, float]]:
+        grow: Grow | None = None, monitor: Any = None, name: str | None = None,
+        group: str | None = None) -> list[dict[str, float]]:
     """Run ``trainer`` until it has completed ``updates`` updates.
 
     Args:
@@ -155,6 +178,8 @@ def run(trainer: Trainer, updates: int, run_dir: str | Path | None = None, *, co
         grow: What ``on_collapse="add-simulators"`` calls.
         monitor: A :class:`~simpop.train.monitor.CollapseMonitor` to use (default: a new one with the default
             rule when ``config.monitor``); its state is checkpointed with the trainer's.
+        name: The run's name in the trackers (W&B; default the run folder's name).
+        group: The trackers' group of the run (W&B; an experiment's runs share one).
 
     Returns:
         The training metrics of the updates run by this call.
@@ -185,7 +210,8 @@ def run(trainer: Trainer, updates: int, run_dir: str | Path | None = None, *, co
     if run_dir is not None:
         from simpop.evaluation.metrics import MetricsLogger
 
-        logger = MetricsLogger(run_dir, resume_step=start if resumed else None, tensorboard=config.tensorboard)
+        logger = MetricsLogger(run_dir, resume_step=start if resumed else None, report_to=config.report_to,
+                               config=read_run_card(run_dir), name=name, group=group)
 
     def log(step: int, record: dict[str, Any]) -> None:
         if logger is not None:

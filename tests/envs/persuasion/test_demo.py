@@ -16,8 +16,7 @@ def test_demo_prints_dialogues_and_outcomes(capsys, level):
     assert ("donated $" in out) or ("declined" in out)
 
 
-def test_demo_rejects_bad_arguments():
-    with pytest.raises(SystemExit):
-        main(["demo", "--episodes", "0"])
-    with pytest.raises(SystemExit):
-        main(["demo", "--level", "speech"])
+def test_demo_rejects_bad_arguments(capsys):
+    assert main(["demo", "--episodes", "0"]) == 2
+    assert "--episodes: must be an integer from 1" in capsys.readouterr().err
+    assert main(["demo", "--level", "speech"]) == 2

@@ -9,7 +9,6 @@ code is 1 if any feature check fails.
 
 from __future__ import annotations
 
-import argparse
 import sys
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
@@ -17,6 +16,7 @@ from dataclasses import dataclass
 from simpop.envs.cooperbench.dataset import Dataset, load_dataset
 from simpop.envs.cooperbench.evaluator import CONFLICT_RULES, Evaluator, FeatureResult
 from simpop.envs.cooperbench.scenario import FeaturePair, Task
+from simpop.user_input import ArgumentParser, integer
 
 
 @dataclass
@@ -111,7 +111,7 @@ def validate(dataset: Dataset, evaluator: Evaluator, subset: str | None = None, 
 
 def main(argv: list[str] | None = None) -> int:
     """``python -m simpop.envs.cooperbench.validate``: check a dataset; 0 if no problems, else 1."""
-    parser = argparse.ArgumentParser(prog="python -m simpop.envs.cooperbench.validate",
+    parser = ArgumentParser(prog="python -m simpop.envs.cooperbench.validate",
                                      description=__doc__.splitlines()[0])
     parser.add_argument("--dataset", default="mini",
                         help="CooperBench dataset/ folder (default: the packaged mini set)")
@@ -119,7 +119,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--subset", default=None, help="only the pairs (and their tasks) of this subset")
     parser.add_argument("--evaluate-pairs", action="store_true", help="also run the full evaluation of every gold pair")
     parser.add_argument("--conflict-rule", choices=CONFLICT_RULES, default="lead")
-    parser.add_argument("--jobs", type=int, default=2, help="test runs in parallel")
+    parser.add_argument("--jobs", type=integer(1, 256), default=2, help="test runs in parallel")
     args = parser.parse_args(argv)
     report = validate(load_dataset(args.dataset, args.repos), Evaluator(conflict_rule=args.conflict_rule),
                       args.subset, args.evaluate_pairs, args.jobs)

@@ -10,13 +10,17 @@ import argparse
 
 import numpy as np
 
+from simpop.envs.persuasion.env import MAX_TURNS
+from simpop.user_input import SEED, integer
+
 
 def configure(parser: argparse.ArgumentParser) -> None:
-    parser.add_argument("--episodes", type=int, default=3, help="dialogues to run (default 3)")
-    parser.add_argument("--seed", type=int, default=0, help="seed of the first dialogue (default 0)")
+    parser.add_argument("--episodes", type=integer(1, 10_000), default=3, help="dialogues to run (default 3)")
+    parser.add_argument("--seed", type=SEED, default=0, help="seed of the first dialogue (default 0)")
     parser.add_argument("--level", choices=("text", "act"), default="text",
                         help="text: Persuasion-v0 with free text; act: PersuasionAct-v0 over dialogue acts")
-    parser.add_argument("--max-turns", type=int, default=10, help="persuader turns per dialogue (default 10)")
+    parser.add_argument("--max-turns", type=integer(1, MAX_TURNS), default=10,
+                        help="persuader turns per dialogue (default 10)")
 
 
 def run(args: argparse.Namespace) -> int:
@@ -24,8 +28,6 @@ def run(args: argparse.Namespace) -> int:
     from simpop.envs.persuasion.model import reference_persuader
     from simpop.envs.wrappers import make_user_seat
 
-    if args.episodes < 1:
-        raise SystemExit(f"--episodes must be >= 1, got {args.episodes}")
     env_id = "simpop/Persuasion-v0" if args.level == "text" else "simpop/PersuasionAct-v0"
     env = make_user_seat(env_id, max_turns=args.max_turns)
     successes = 0

@@ -28,6 +28,9 @@ from simpop.envs.persuasion.personas import Persona
 from simpop.envs.persuasion.scenario import PersuasionScenario, corpus_scenarios, default_scenarios, persona_set
 from simpop.seat import SURVEY_KEY
 
+#: Most persuader turns of a dialogue.
+MAX_TURNS = 1000
+
 logger = logging.getLogger(__name__)
 
 #: Where an episode's outcome came from (``info["outcome_source"]``; None while there is none).
@@ -45,8 +48,8 @@ class _PersuasionEnv(DialogueEnv):
 
     def __init__(self, max_turns: int = 10, n_scenarios: int = 200, scenario_seed: int = 2019,
                  corpus_dir: str | Path | None = None, render_mode: str | None = None):
-        if max_turns < 1:
-            raise ValueError(f"max_turns must be >= 1, got {max_turns}")
+        if not 1 <= max_turns <= MAX_TURNS:
+            raise ValueError(f"max_turns must be from 1 to {MAX_TURNS}, got {max_turns}")
         if corpus_dir is None and n_scenarios < 1:
             raise ValueError(f"n_scenarios must be >= 1, got {n_scenarios}")
         self.max_turns = max_turns
