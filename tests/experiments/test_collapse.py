@@ -17,7 +17,7 @@ from simpop.envs.persuasion.trainable import TrainableActPersuadee
 from simpop.evaluation.metrics import WALL_CLOCK_KEYS
 from simpop.evaluation.report import SUMMARY_METRICS
 from simpop.experiments.collapse import descriptions, run_collapse
-from simpop.experiments.conditions import (CONDITIONS, CORPUS_PANEL_TEMPERATURES, PANEL_TEMPERATURES,
+from simpop.experiments.conditions import (DEFAULT_CONDITIONS, CORPUS_PANEL_TEMPERATURES, PANEL_TEMPERATURES,
                                            ROBUST_PANEL_TEMPERATURES, TEXT_PANEL_LLM_TEMPERATURES, CollapseConfig,
                                            build_panel, build_trainer, extra_panels, panel_specs, robust_panel_specs,
                                            shared_model_members, simulator_specs)
@@ -54,7 +54,7 @@ def test_outputs_and_schema(finished):
     assert {"metrics.jsonl", "summary.json", "report.md", "config.json", "heldout_success.png", "train_success.png",
             "policy_entropy.png", "zero_var_frac.png"} <= names
     summary = json.loads((finished / "summary.json").read_text())
-    assert list(summary["conditions"]) == list(CONDITIONS)
+    assert list(summary["conditions"]) == list(DEFAULT_CONDITIONS)
     for condition in summary["conditions"].values():
         assert condition["description"]
         assert set(condition["metrics"]) >= set(SUMMARY_METRICS) - {"corpus_success"}  # no corpus panel here
@@ -67,8 +67,8 @@ def test_outputs_and_schema(finished):
     assert all(c["verdict"] in ("reproduced", "inconclusive", "not reproduced") for c in summary["claims"])
     records = [json.loads(line) for line in (finished / "metrics.jsonl").read_text().splitlines()]
     evals = [r for r in records if r["kind"] == "eval"]
-    assert len(evals) == len(CONDITIONS) * 2 * 3  # steps 0, 1, 2 for every (condition, seed)
-    assert len([r for r in records if r["kind"] == "train"]) == len(CONDITIONS) * 2 * 2
+    assert len(evals) == len(DEFAULT_CONDITIONS) * 2 * 3  # steps 0, 1, 2 for every (condition, seed)
+    assert len([r for r in records if r["kind"] == "train"]) == len(DEFAULT_CONDITIONS) * 2 * 2
     assert all({"heldout_success", "train_success", "collapse_gap", "policy_entropy"} <= set(r) for r in evals)
     # Same seeds, same initial policy, same panel dialogues: every condition starts from the same point.
     start = {(r["seed"], r["heldout_success"]) for r in evals if r["step"] == 0}
@@ -140,7 +140,7 @@ def test_every_conditions_specs_build_simulators_held_out_from_the_panel(level):
                      "population": TrainableActPersuadee},
              "text": {"frozen": LLMSimulator, "verbalized": VerbalizedSimulator, "cotrain": TrainableLLMSimulator,
                       "population": TrainableLLMSimulator}}[level]
-    for condition in CONDITIONS:
+    for condition in DEFAULT_CONDITIONS:
         specs = simulator_specs(condition, config)
         assert len(specs) == (config.cotrain.population_size if condition == "population" else 1)
         simulators = build_many(specs, env, backends)
@@ -174,7 +174,7 @@ def test_config_validation():
 def test_nested_configs_take_level_defaults_and_partial_overrides(tmp_path):
     act, text = CollapseConfig(), CollapseConfig(level="text")
     assert (act.grpo.group_size, text.grpo.group_size, act.grpo.max_new_tokens) == (8, 4, 24)
-    assert act.conditions == CONDITIONS and text.conditions == ("frozen", "verbalized")
+    assert act.conditions == DEFAULT_CONDITIONS and text.conditions == ("frozen", "verbalized")
     assert text.env_id == "simpop/Persuasion-v1" and text.model.dtype in ("float32", "bfloat16")
     assert (act.cotrain.sim_lr, text.cotrain.sim_lr) == (0.05, 1e-4) and (act.model.lora, text.model.lora) == (False, True)
     config = CollapseConfig(grpo={"lr": 0.02}, cotrain={"population_size": 4})
@@ -224,7 +224,7 @@ def test_robustness_panel_is_built_another_way_and_held_out():
     personas = {p for _, m in robust for p in m.personas}
     assert personas.isdisjoint({p for _, m in heldout for p in m.personas})
     assert personas.isdisjoint(env.load_scenario(i).persona for i in env.scenario_ids())
-    for condition in CONDITIONS:
+    for condition in DEFAULT_CONDITIONS:
         robust.check_disjoint([build_trainer(condition, config, 0, env).training_simulator])
 
 
@@ -251,7 +251,7 @@ def test_corpus_panel_fits_persuadees_to_a_corpus(tmp_path):
     assert all(m.personas == load_corpus(corpus).personas() for _, m in panel)  # the corpus's persuadees
     assert {m.spec.personas for _, m in panel} == {f"corpus:{corpus.resolve()}"}  # a persona set like any other
     assert len({m.model.params for _, m in panel}) == 3  # three resamples, three fits
-    for condition in CONDITIONS:
+    for condition in DEFAULT_CONDITIONS:
         panel.check_disjoint([build_trainer(condition, config, 0, env).training_simulator])
     with pytest.raises(ValueError, match="corpus_panel .*: no such folder"):
         CollapseConfig(**{**TINY, "corpus_panel": str(tmp_path / "missing")})
@@ -280,7 +280,7 @@ def test_human_fitted_panel_is_the_default_third_panel_with_the_realism_index(fi
         CollapseConfig(**{**TINY, "human_panel": "p4g-text-v1"})
     env = make(older.env_id, **older.env_kwargs())
     human = build_panel(CollapseConfig(**TINY), env, name="human")
-    for condition in CONDITIONS:
+    for condition in DEFAULT_CONDITIONS:
         human.check_disjoint([build_trainer(condition, CollapseConfig(**TINY), 0, env).training_simulator])
 
 

@@ -45,15 +45,12 @@ from simpop.train.cotrain import CoTrainConfig
 from simpop.train.grpo import GRPOConfig
 from simpop.train.pool import PoolConfig
 from simpop.validation import check_fields
+from simpop.experiments.conditions import BASE_SPEC, GROW_EVERY, probe_specs
 
 CONDITIONS = ("fixed", "failure", "failure-keep-base", "population")
 #: Run by default (failure-keep-base was added after the first results; see the module docstring).
 DEFAULT_CONDITIONS = ("fixed", "failure", "population")
 ENV_ID = "simpop/PersuasionAct-v0"
-#: The probe panel: persuadee models neither training nor the held-out panel uses, over the scenario personas.
-PROBE_MODELS = ("heldout-10", "heldout-11")
-PROBE_TEMPERATURE = 1.1
-BASE_SPEC = "persuadee?temperature=1.0"
 
 
 @dataclass(frozen=True)
@@ -86,7 +83,7 @@ class AdaptiveConfig:
     updates: int = 60
     eval_every: int = 20
     eval_episodes: int = 32
-    grow_every: int = 10
+    grow_every: int = GROW_EVERY
     max_turns: int = 10
     pool: PoolConfig | None = None
     grpo: GRPOConfig | None = None
@@ -131,11 +128,6 @@ class AdaptiveConfig:
 
 
 # ============================================================================================ specs
-def probe_specs() -> dict[str, str]:
-    """Name -> spec of each probe member (module docstring)."""
-    return {f"probe-{m}": f"persuadee:{m}?temperature={PROBE_TEMPERATURE!r}" for m in PROBE_MODELS}
-
-
 def random_region_specs(cap: int, seed: int) -> dict[str, str]:
     """The fixed pool: the base persuadee plus ``cap - 1`` persuadees over random persona regions (policy-blind)."""
     from simpop.envs.persuasion.personas import DEFAULT_MARGINALS, NUMERIC
@@ -203,8 +195,9 @@ def build_trainer(condition: str, config: AdaptiveConfig, seed: int, env: Any, h
 
 
 def run_one(config: AdaptiveConfig, condition: str, seed: int, out: Path, resume: bool,
-            report: Callable[[str, int, int, dict[str, Any]], None] | None = None) -> Path:
-    """Train and evaluate one (condition, seed) through :func:`simpop.train.loop.run`; its run folder."""
+            report: Callable[[str, int, int, dict[str, Any]], None] | None = None, report_to: str = "none") -> Path:
+    """Train and evaluate one (condition, seed) through :func:`simpop.train.loop.run`; its run folder.
+    ``report_to``: its experiment trackers (:mod:`simpop.evaluation.trackers`)."""
     import torch
 
     from simpop import checkpoint
@@ -242,9 +235,10 @@ def run_one(config: AdaptiveConfig, condition: str, seed: int, out: Path, resume
                     "dialogues": step * batch + probes}
 
         loop = LoopConfig(save_every=config.eval_every, keep_checkpoints=2, eval_every=config.eval_every,
-                          tensorboard=False)
+                          report_to=report_to)
         run(trainer, config.updates, run_dir, config=loop, resume=resume, evaluate=evaluation,
-            report=(lambda step, record: report(condition, seed, step, record)) if report is not None else None)
+            report=(lambda step, record: report(condition, seed, step, record)) if report is not None else None,
+            name=f"{condition}/seed{seed}", group=out.name)
     finally:
         torch.set_num_threads(threads)
     return run_dir
@@ -388,11 +382,13 @@ def plot(records: Sequence[dict[str, Any]], out: Path, order: Sequence[str]) -> 
     return paths
 
 
-def write_outputs(out: Path, config: AdaptiveConfig, wall_time_s: float) -> Path:
-    """Write the experiment's ``metrics.jsonl``, ``summary.json``, report and plots into ``out``; returns the report's
-    path.
+def write_outputs(out: Path, config: AdaptiveConfig, wall_time_s: float, report_to: str = "none") -> Path:
+    """Write the experiment's ``metrics.jsonl``, ``summary.json``, report and plots into ``out`` and log the plots to
+    the trackers ``report_to`` names; returns the report's path.
     """
+    from simpop.evaluation.trackers import log_report
     from simpop.experiments import conditions
+    from simpop.train.config import to_dict
 
     records = conditions.read_records(out, config)
     with (out / "metrics.jsonl").open("w") as f:
@@ -403,18 +399,21 @@ def write_outputs(out: Path, config: AdaptiveConfig, wall_time_s: float) -> Path
     plots = plot(records, out, config.conditions)
     report = out / "report.md"
     report.write_text(render_report(summary, plots))
+    log_report(report_to, out, plots, config.updates, to_dict(config))
     return report
 
 
 # ============================================================================================ driver
-def _worker(args: tuple[AdaptiveConfig, str, int, str, bool]) -> tuple[str, int]:
-    config, condition, seed, out, resume = args
-    run_one(config, condition, seed, Path(out), resume)
+def _worker(args: tuple[AdaptiveConfig, str, int, str, bool, str]) -> tuple[str, int]:
+    config, condition, seed, out, resume, report_to = args
+    run_one(config, condition, seed, Path(out), resume, report_to=report_to)
     return condition, seed
 
 
-def run_adaptive(config: AdaptiveConfig, out: str | Path, resume: bool = False, progress: bool = True) -> Path:
-    """Run every (condition, seed) in ``config.workers`` processes, then write the outputs; the report's path."""
+def run_adaptive(config: AdaptiveConfig, out: str | Path, resume: bool = False, progress: bool = True,
+                 report_to: str = "none") -> Path:
+    """Run every (condition, seed) in ``config.workers`` processes, then write the outputs; the report's path.
+    ``report_to``: the experiment trackers of every run and of the plots (:mod:`simpop.evaluation.trackers`)."""
     from simpop.progress import progress_bar
     from simpop.train.config import changed_settings, to_dict
 
@@ -435,7 +434,7 @@ def run_adaptive(config: AdaptiveConfig, out: str | Path, resume: bool = False, 
     bar = progress_bar(len(tasks), "adaptive", unit="run", disable=not progress)
     if config.workers == 1 or len(tasks) == 1:
         for condition, seed in tasks:
-            run_one(config, condition, seed, out, resume)
+            run_one(config, condition, seed, out, resume, report_to=report_to)
             bar.update(1)
     else:
         import concurrent.futures
@@ -443,9 +442,9 @@ def run_adaptive(config: AdaptiveConfig, out: str | Path, resume: bool = False, 
 
         context = multiprocessing.get_context("spawn")
         with concurrent.futures.ProcessPoolExecutor(config.workers, mp_context=context) as pool:
-            futures = [pool.submit(_worker, (config, c, s, str(out), resume)) for c, s in tasks]
+            futures = [pool.submit(_worker, (config, c, s, str(out), resume, report_to)) for c, s in tasks]
             for future in concurrent.futures.as_completed(futures):
                 future.result()
                 bar.update(1)
     bar.close()
-    return write_outputs(out, config, time.perf_counter() - started)
+    return write_outputs(out, config, time.perf_counter() - started, report_to)

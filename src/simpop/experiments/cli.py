@@ -1,9 +1,14 @@
-"""``simpop experiment collapse``: the main job (see :mod:`simpop.experiments.collapse`)."""
+"""``simpop experiment collapse``: the main job (see :mod:`simpop.experiments.collapse`); also ``adaptive`` and
+``monitor``. ``--report-to`` (TRL's tracker names, :mod:`simpop.evaluation.trackers`) logs every (condition, seed)
+run to TensorBoard (the default) or Weights & Biases (one W&B run each, grouped by the output folder's name, and
+one more, ``report``, with the report's plots)."""
 
 from __future__ import annotations
 
 import argparse
+import contextlib
 import sys
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -11,6 +16,7 @@ from typing import Any
 def configure(parser: argparse.ArgumentParser) -> None:
     from simpop.experiments.conditions import CollapseConfig
     from simpop.train.config import add_arguments
+    from simpop.user_input import number
 
     sub = parser.add_subparsers(dest="experiment", required=True, metavar="EXPERIMENT")
     p = sub.add_parser("collapse", help="frozen vs verbalized vs co-training vs population co-training on P4G",
@@ -21,6 +27,13 @@ def configure(parser: argparse.ArgumentParser) -> None:
     p.add_argument("--resume", action="store_true", help="continue the run in --out; finished runs are skipped")
     p.add_argument("--config", type=Path, default=None, help="YAML file of CollapseConfig fields (flags win)")
     p.add_argument("--quiet", action="store_true", help="no progress bar")
+    p.add_argument("--plan", nargs="+", type=Path, default=None, metavar="PILOT",
+                   help="run nothing: from finished pilot folders (or their summary.json), print the seeds and "
+                        "evaluation sizes needed to detect --plan-difference against frozen with 80%% power, "
+                        "Holm-corrected over the --conditions given (simpop.experiments.power)")
+    p.add_argument("--plan-difference", type=number(0, 1, above=True), default=0.05, metavar="D",
+                   help="with --plan: the paired difference in final success to detect (default 0.05)")
+    add_report_to(p)
     add_arguments(p, CollapseConfig)
     configure_adaptive(sub)
 
@@ -40,6 +53,7 @@ def configure_adaptive(sub: Any) -> None:
     p.add_argument("--resume", action="store_true", help="continue the run in --out; finished runs are skipped")
     p.add_argument("--config", type=Path, default=None, help="YAML file of AdaptiveConfig fields (flags win)")
     p.add_argument("--quiet", action="store_true", help="no progress bar")
+    add_report_to(p)
     add_arguments(p, AdaptiveConfig)
     m = sub.add_parser("monitor", help="calibrate the collapse early warning on the act-level collapse experiment",
                        description="Run frozen / verbalized / cotrain with the collapse monitor and report its lead "
@@ -47,38 +61,63 @@ def configure_adaptive(sub: Any) -> None:
     m.add_argument("--out", type=Path, default=Path("runs/monitor"), help="output folder (default runs/monitor)")
     m.add_argument("--config", type=Path, default=None, help="YAML file of MonitorCalibrationConfig fields")
     m.add_argument("--resume", action="store_true", help="keep the finished runs in --out and run the others")
+    add_report_to(m)
     add_arguments(m, MonitorCalibrationConfig)
 
 
+def add_report_to(parser: argparse.ArgumentParser) -> None:
+    """The ``--report-to`` flag of an experiment."""
+    from simpop.evaluation.trackers import report_to_flag
+
+    parser.add_argument("--report-to", type=report_to_flag, default="tensorboard", metavar="NAMES",
+                        help="experiment trackers of every run, TRL's names: tensorboard (default), wandb (pip "
+                             "install 'simpop[wandb]'), both comma-separated, none, or all (every one installed)")
+
+
 def run(args: argparse.Namespace) -> int:
+    with contextlib.ExitStack() as held:  # what the experiment holds to the end: --out's writer lock
+        return _run(args, held)
+
+
+def _run(args: argparse.Namespace, held: contextlib.ExitStack) -> int:
+    from simpop.evaluation.trackers import require
     from simpop.experiments.collapse import run_collapse
     from simpop.experiments.conditions import CollapseConfig
+    from simpop.files import run_lock
     from simpop.train.cli import check_out_dir
     from simpop.train.config import build
 
     if args.experiment in ("adaptive", "monitor"):
-        return run_adaptive(args)
+        return run_adaptive(args, held)
 
     try:  # setup errors are the user's to fix: one line naming the field or flag, exit code 2
         if args.config is not None and not Path(args.config).is_file():
             raise ValueError(f"--config {args.config}: no such file")
         config = build(CollapseConfig, args, yaml_path=args.config)
+        if args.plan is not None:
+            from simpop.experiments.power import plan
+
+            print(plan(args.plan, args.plan_difference, max(1, len(set(config.conditions or ()) - {"frozen"}))), end="")
+            return 0
+        require(args.report_to)
         out = args.out or Path("runs") / f"collapse-{config.level}"
         check_out_dir(out)
+        held.enter_context(run_lock(out))  # one writer per run folder, before it is touched
         if not args.resume and (out / "runs").exists():
             raise ValueError(f"--out {out} already holds a run: pass --resume to continue it, or choose another --out")
     except (ValueError, TypeError, OSError) as error:
         print(f"simpop experiment {args.experiment}: error: {error}", file=sys.stderr)
         return 2
-    report = run_collapse(config, out, resume=args.resume, progress=not args.quiet)
-    print(f"report: {report}")
-    return 0
+    return finish(args, lambda: run_collapse(config, out, resume=args.resume, progress=not args.quiet,
+                                             report_to=args.report_to))
 
 
-def run_adaptive(args: argparse.Namespace) -> int:
-    """``simpop experiment adaptive|monitor``."""
+def run_adaptive(args: argparse.Namespace, held: contextlib.ExitStack) -> int:
+    """``simpop experiment adaptive|monitor``, holding ``--out``'s writer lock in ``held``."""
+    from simpop.evaluation.trackers import require
     from simpop.experiments.adaptive import AdaptiveConfig, run_adaptive as adaptive
     from simpop.experiments.monitor_calibration import MonitorCalibrationConfig, run_calibration
+    from simpop.files import run_lock
     from simpop.train.cli import check_out_dir
     from simpop.train.config import build
 
@@ -87,7 +126,9 @@ def run_adaptive(args: argparse.Namespace) -> int:
         if args.config is not None and not Path(args.config).is_file():
             raise ValueError(f"--config {args.config}: no such file")
         config = build(cls, args, yaml_path=args.config)
+        require(args.report_to)
         check_out_dir(args.out)
+        held.enter_context(run_lock(args.out))  # one writer per run folder, before it is touched
         if not args.resume and (args.out / "runs").exists():
             raise ValueError(f"--out {args.out} already holds a run: pass --resume to continue it, or choose another "
                              f"--out")
@@ -95,8 +136,20 @@ def run_adaptive(args: argparse.Namespace) -> int:
         print(f"simpop experiment {args.experiment}: error: {error}", file=sys.stderr)
         return 2
     if cls is AdaptiveConfig:
-        report = adaptive(config, args.out, resume=args.resume, progress=not args.quiet)
-    else:
-        report = run_calibration(config, args.out, resume=args.resume)
+        return finish(args, lambda: adaptive(config, args.out, resume=args.resume, progress=not args.quiet,
+                                             report_to=args.report_to))
+    return finish(args, lambda: run_calibration(config, args.out, resume=args.resume, report_to=args.report_to))
+
+
+def finish(args: argparse.Namespace, experiment: Callable[[], Path]) -> int:
+    """Run ``experiment`` and print its report's path (0), or the one line of a tracker that could not start its
+    run (W&B not logged in, ...: 2)."""
+    from simpop.evaluation.trackers import TrackerError
+
+    try:
+        report = experiment()
+    except TrackerError as error:
+        print(f"simpop experiment {args.experiment}: error: {error}", file=sys.stderr)
+        return 2
     print(f"report: {report}")
     return 0

@@ -50,6 +50,14 @@ used to choose anything. At the act level the last evaluation also scores each r
 realism index (:mod:`simpop.evaluation.realism`, ``realism_index``): how far from people the simulator trained
 against is.
 
+**Simulator choice.** Three more conditions (not run by default) vary how the training simulator is chosen, with the
+same budget: ``prioritised`` is population co-training whose members and pool drive dialogues by the
+failure-prioritised rule (:attr:`~simpop.train.cotrain.CoTrainConfig.draw_rule`: the ones the policy loses to
+drive more); ``rotation`` (act level) is GRPO against the frozen, verbalized and plain sampled persuadees taking turns
+every :data:`~simpop.experiments.conditions.ROTATE_EVERY` updates; ``failure`` (act level) is
+:mod:`simpop.experiments.adaptive`'s failure-driven pool, whose probe dialogues count in its cost. Every evaluation
+records the run's CPU seconds per update so far (``cpu_s_per_update``, evaluations excluded): the cost of a condition.
+
 **Objective ablations.** ``cotrain+<objective>`` and ``population+<objective>`` are conditions too: the same
 co-training with another :attr:`~simpop.train.cotrain.CoTrainConfig.objective` (:func:`condition_cotrain`), paired
 by seed with their base condition in the report's ablation table.
@@ -64,7 +72,7 @@ Outputs in ``out``: ``metrics.jsonl`` (every update's training metrics and every
 with condition and seed), ``summary.json``, ``report.md`` (tables and claim verdicts computed from the
 data by :mod:`simpop.evaluation.report`) and PNG plots. Every (condition, seed) run keeps its own
 folder under ``out/runs`` with atomic checkpoints; ``resume`` continues each from its last checkpoint
-and skips finished runs.
+and skips finished runs. ``report_to`` (``--report-to``) logs every run and the plots to experiment trackers.
 """
 
 from __future__ import annotations
@@ -79,11 +87,11 @@ from typing import Any
 
 import numpy as np
 
-from simpop.experiments.conditions import (COTRAINED, CORPUS_PANEL_TEMPERATURES, PANEL_JITTER, PANEL_TEMPERATURES,
-                                           ROBUST_PANEL_TEMPERATURES, TEXT_PANEL_LLM_TEMPERATURES, CollapseConfig,
-                                           build_panel, build_trainer, condition_cotrain, evaluate_run, extra_panels,
-                                           one_server, read_records, shared_model_members, simulator_backends,
-                                           simulator_specs, write_card)
+from simpop.experiments.conditions import (COTRAINED, CORPUS_PANEL_TEMPERATURES, GROW_EVERY, PANEL_JITTER,
+                                           PANEL_TEMPERATURES, ROBUST_PANEL_TEMPERATURES, ROTATE_EVERY,
+                                           TEXT_PANEL_LLM_TEMPERATURES, CollapseConfig, build_panel, build_trainer,
+                                           condition_cotrain, evaluate_run, extra_panels, one_server, read_records,
+                                           shared_model_members, simulator_backends, simulator_specs, write_card)
 from simpop.train.cotrain import CoTrainConfig
 from simpop.train.config import changed_settings, to_dict
 
@@ -91,10 +99,13 @@ from simpop.train.config import changed_settings, to_dict
 REALISM_EPISODES = 128
 
 def run_one(config: CollapseConfig, condition: str, seed: int, out: Path, resume: bool,
-            report: Callable[[str, int, int, dict[str, float]], None] | None = None) -> Path:
+            report: Callable[[str, int, int, dict[str, float]], None] | None = None,
+            report_to: str = "none") -> Path:
     """Train and evaluate one (condition, seed) with :func:`simpop.train.loop.run`; returns its run folder.
 
-    With ``resume``, continue from the run's newest checkpoint (a finished run is left as it is).
+    With ``resume``, continue from the run's newest checkpoint (a finished run is left as it is). ``report_to``:
+    the run's experiment trackers (:mod:`simpop.evaluation.trackers`), named ``<condition>/seed<k>`` in the group
+    named after ``out``.
     """
     import torch
 
@@ -125,8 +136,10 @@ def run_one(config: CollapseConfig, condition: str, seed: int, out: Path, resume
             extra.check_disjoint([trainer.training_simulator])
         eval_seed = 1_000_003 + seed  # the same dialogues at every evaluation, for every condition
         pool = EnvPool(lambda: make(config.env_id, **config.env_kwargs()))  # one set of envs for every evaluation
+        cost = Cost()
 
         def evaluation(step: int) -> dict[str, Any]:
+            cost.pause()
             record, held, train = evaluate_run(config.env_id, trainer, panel, config.eval_episodes, eval_seed,
                                                config.env_kwargs(), pool)
             # per dialogue, in a fixed order (the same scenarios and seeds at every evaluation)
@@ -140,15 +153,42 @@ def run_one(config: CollapseConfig, condition: str, seed: int, out: Path, resume
                                **{f"{name}/{k}": v for k, v in result.per_member.items()}})
             if step == config.updates and config.level == "act":  # after training: nothing later depends on it
                 record.update(training_realism(trainer.training_simulator, eval_seed))
-            return record
+            return {**record, **cost.resume()}
 
         loop = LoopConfig(save_every=config.eval_every, keep_checkpoints=2, eval_every=config.eval_every,
-                          tensorboard=False)
-        run(trainer, config.updates, run_dir, config=loop, resume=resume, evaluate=evaluation,
-            report=(lambda step, record: report(condition, seed, step, record)) if report is not None else None)
+                          report_to=report_to)
+
+        def observe(step: int, record: dict[str, Any]) -> None:
+            cost.observe(record)
+            if report is not None:
+                report(condition, seed, step, record)
+
+        run(trainer, config.updates, run_dir, config=loop, resume=resume, evaluate=evaluation, report=observe,
+            name=f"{condition}/seed{seed}", group=out.name)
     finally:
         torch.set_num_threads(threads)
     return run_dir
+
+
+class Cost:
+    """CPU seconds of this process per update, evaluations excluded (CPU time: other processes on a shared machine
+    do not inflate it), over the updates this process ran (a resumed run: those since its checkpoint)."""
+
+    def __init__(self) -> None:
+        self.spent, self.updates, self.since = 0.0, 0, time.process_time()
+
+    def observe(self, record: dict[str, Any]) -> None:
+        """Count an update (a ``train`` record of the loop)."""
+        self.updates += record.get("kind") == "train"
+
+    def pause(self) -> None:
+        """An evaluation begins: stop the clock."""
+        self.spent += time.process_time() - self.since
+
+    def resume(self) -> dict[str, float]:
+        """An evaluation ends: start the clock again; the cost so far (NaN before any update)."""
+        self.since = time.process_time()
+        return {"cpu_s_per_update": self.spent / self.updates if self.updates else math.nan}
 
 
 def training_realism(simulator: Any, seed: int) -> dict[str, Any]:
@@ -189,8 +229,9 @@ def summarise(records: Sequence[dict[str, Any]], config: CollapseConfig, descrip
             for name in extra_panels(config):
                 row.update({f"{name}_success": last[f"{name}_success"],
                             f"initial_{name}_success": first[f"{name}_success"]})
-            if "realism_index" in last:
-                row["realism_index"] = last["realism_index"]
+            for key in ("realism_index", "cpu_s_per_update"):  # absent from runs made before they were recorded
+                if key in last:
+                    row[key] = last[key]
             for key, value in row.items():
                 values.setdefault(key, []).append(float(value))
             units = {"train_success": [last.get("train_outcomes")], "heldout_success": [last.get("heldout_outcomes")],
@@ -330,6 +371,15 @@ def _base_descriptions(config: CollapseConfig) -> dict[str, str]:
             "population": f"{co.population_size} such trainable persuadees (same base) plus a checkpoint pool of "
                           f"their last {co.pool_size} snapshots (every {co.snapshot_every} updates), the pool "
                           f"driving {co.pool_sample_prob:.0%} of dialogues",
+            "prioritised": f"population co-training ({co.population_size} trainable persuadees, pool of "
+                           f"{co.pool_size}) whose members and pool drive dialogues by the failure-prioritised rule: "
+                           f"the population's weights times each one's recent failure rate against the policy",
+            "rotation": f"the frozen, verbalized and plain sampled (temperature 1, scenario personas) persuadees "
+                        f"taking turns, the next every {ROTATE_EVERY} updates",
+            "failure": f"the failure-driven pool: {base} sampled over the scenario personas, grown every "
+                       f"{GROW_EVERY} updates with persuadees over the persona regions the policy "
+                       "lost on the probe panel, reweighted and pruned (simpop experiment adaptive; probe "
+                       "dialogues count in its cost)",
         }
     model = config.sim_model or config.model.model
     return {
@@ -340,12 +390,16 @@ def _base_descriptions(config: CollapseConfig) -> dict[str, str]:
                    f"{co.target_success:g} with KL {co.sim_kl_coef:g} to the base model",
         "population": f"{co.population_size} LoRA adapters on one {model} base plus a pool of {co.pool_size} "
                       f"snapshots ({co.pool_sample_prob:.0%} of dialogues)",
+        "prioritised": f"{co.population_size} LoRA adapters on one {model} base plus a pool of {co.pool_size} "
+                       "snapshots, chosen by the failure-prioritised rule",
     }
 
 
-def write_outputs(out: Path, config: CollapseConfig, wall_time_s: float) -> Path:
-    """Merge run metrics into ``metrics.jsonl``; write ``summary.json``, plots and ``report.md``."""
+def write_outputs(out: Path, config: CollapseConfig, wall_time_s: float, report_to: str = "none") -> Path:
+    """Merge run metrics into ``metrics.jsonl``; write ``summary.json``, plots and ``report.md``; log the plots to
+    the trackers ``report_to`` names (:func:`simpop.evaluation.trackers.log_report`)."""
     from simpop.evaluation.report import judge_claims, judged, plot_curves, plot_per_seed, render_report
+    from simpop.evaluation.trackers import log_report
 
     records = read_records(out, config)
     with (out / "metrics.jsonl").open("w") as f:
@@ -357,6 +411,7 @@ def write_outputs(out: Path, config: CollapseConfig, wall_time_s: float) -> Path
     verdicts = judge_claims(summary["conditions"]) if judged(summary["conditions"]) else []
     report = out / "report.md"
     report.write_text(render_report(summary, verdicts, [str(p) for p in plots]))
+    log_report(report_to, out, plots, config.updates, to_dict(config))
     return report
 
 
@@ -367,16 +422,18 @@ def _json_default(value: Any) -> Any:
 
 
 # ============================================================================================ driver
-def _worker(args: tuple[CollapseConfig, str, int, str, bool, Any]) -> tuple[str, int, float]:
-    config, condition, seed, out, resume, queue = args
+def _worker(args: tuple[CollapseConfig, str, int, str, bool, Any, str]) -> tuple[str, int, float]:
+    config, condition, seed, out, resume, queue, report_to = args
     start = time.perf_counter()
     report = (lambda c, s, step, m: queue.put((c, s, step, m))) if queue is not None else None
-    run_one(config, condition, seed, Path(out), resume, report)
+    run_one(config, condition, seed, Path(out), resume, report, report_to)
     return condition, seed, time.perf_counter() - start
 
 
-def run_collapse(config: CollapseConfig, out: str | Path, resume: bool = False, progress: bool = True) -> Path:
+def run_collapse(config: CollapseConfig, out: str | Path, resume: bool = False, progress: bool = True,
+                 report_to: str = "none") -> Path:
     """Run every (condition, seed) (in ``config.workers`` processes), then write the outputs; the report's path.
+    ``report_to``: the experiment trackers of every run and of the report's plots (:mod:`simpop.evaluation.trackers`).
 
     Raises:
         FileExistsError: ``out`` holds an earlier run and ``resume`` is False.
@@ -403,7 +460,7 @@ def run_collapse(config: CollapseConfig, out: str | Path, resume: bool = False, 
     with one_server(config) as runs:  # --model.generator vllm:launch: one server for every run
         if config.workers == 1 or len(tasks) == 1:
             for condition, seed in tasks:
-                run_one(runs, condition, seed, out, resume, bar.report)
+                run_one(runs, condition, seed, out, resume, bar.report, report_to)
         else:
             import concurrent.futures
             import multiprocessing
@@ -412,7 +469,8 @@ def run_collapse(config: CollapseConfig, out: str | Path, resume: bool = False, 
             with context.Manager() as manager:
                 queue = manager.Queue()
                 with concurrent.futures.ProcessPoolExecutor(config.workers, mp_context=context) as pool:
-                    futures = [pool.submit(_worker, (runs, c, s, str(out), resume, queue)) for c, s in tasks]
+                    futures = [pool.submit(_worker, (runs, c, s, str(out), resume, queue, report_to))
+                               for c, s in tasks]
                     while not all(f.done() for f in futures):
                         bar.drain(queue)
                         time.sleep(0.2)
@@ -420,7 +478,7 @@ def run_collapse(config: CollapseConfig, out: str | Path, resume: bool = False, 
                     for f in futures:
                         f.result()  # re-raise a worker's error here
     bar.close()
-    return write_outputs(out, config, time.perf_counter() - started)
+    return write_outputs(out, config, time.perf_counter() - started, report_to)
 
 
 class Progress:

@@ -1,6 +1,7 @@
 """The collapse experiment's conditions, trainers and panels, which the other experiments build on.
 
-The conditions (``frozen``, ``verbalized``, ``cotrain``, ``population`` and their objective ablations), their
+The conditions (``frozen``, ``verbalized``, ``cotrain``, ``population``, their objective ablations, and the
+simulator-choice variants ``prioritised``, ``rotation`` and ``failure``), their
 training simulators and trainers, the held-out, robustness and corpus panels, the configuration that sizes them
 (:class:`CollapseConfig`), one evaluation of a run, and reading the runs' records. What each condition and panel
 is, and why: :mod:`simpop.experiments.collapse`, whose experiment runs them; :mod:`simpop.experiments.adaptive`
@@ -22,9 +23,15 @@ from simpop.train.cotrain import CoTrainConfig
 from simpop.train.grpo import GRPOConfig
 from simpop.validation import check_fields
 
-CONDITIONS = ("frozen", "verbalized", "cotrain", "population")
+CONDITIONS = ("frozen", "verbalized", "cotrain", "population", "prioritised", "rotation", "failure")
+#: The conditions run when none are named (the paper's four).
+DEFAULT_CONDITIONS = CONDITIONS[:4]
 #: Conditions that co-train simulators; ``cotrain+<objective>`` runs one with another objective (an ablation).
-COTRAINED = ("cotrain", "population")
+COTRAINED = ("cotrain", "population", "prioritised")
+#: Conditions only the act level runs (their simulators are native persuadees).
+ACT_ONLY = ("rotation", "failure")
+#: ``rotation``: updates each of its simulators drives before the next takes over (docs/selfplay.md's setting).
+ROTATE_EVERY = 5
 PANEL_TEMPERATURES = (0.8, 0.9, 1.2)
 #: Spread (log-scale sd) of the held-out models' parameter jitter.
 PANEL_JITTER = 0.35
@@ -38,10 +45,17 @@ CORPUS_SEED = 2019
 #: training simulators' model (the one embedded LLM), so they are held out by persona and decoding only.
 TEXT_PANEL_LLM_TEMPERATURES = (0.7,)
 ENV_IDS = {"act": "simpop/PersuasionAct-v0", "text": "simpop/Persuasion-v1"}
+#: The persuadee the failure-driven pool starts from (and the sampled member of ``rotation``).
+BASE_SPEC = "persuadee?temperature=1.0"
+#: Updates between growth rounds of the failure-driven pool (:mod:`simpop.experiments.adaptive`).
+GROW_EVERY = 10
+#: The probe panel: persuadee models neither training nor the held-out panel uses, over the scenario personas.
+PROBE_MODELS = ("heldout-10", "heldout-11")
+PROBE_TEMPERATURE = 1.1
 #: Defaults that depend on the level (fields left at None take these).
 LEVEL_DEFAULTS: dict[str, dict[str, Any]] = {
     "act": {"seeds": 12, "updates": 200, "eval_every": 20, "eval_episodes": 64, "max_turns": 10, "workers": 2,
-            "conditions": CONDITIONS, "robust_panel": True, "human_panel": "p4g-act-human-v1"},
+            "conditions": DEFAULT_CONDITIONS, "robust_panel": True, "human_panel": "p4g-act-human-v1"},
     # Sized to finish within an hour on two CPU cores (docs/text-collapse.md has the measured run).
     "text": {"seeds": 1, "updates": 16, "eval_every": 8, "eval_episodes": 16, "max_turns": 2, "workers": 1,
              "conditions": ("frozen", "verbalized"), "robust_panel": False, "human_panel": "none"},
@@ -83,11 +97,13 @@ class CollapseConfig:
         seeds: Seeds per condition (the same seeds for every condition); None: act 12, text 1 (one seed: CIs
             are bootstraps over the evaluation dialogues, see :mod:`simpop.evaluation.report`).
         first_seed: The first seed; seeds are ``first_seed .. first_seed + seeds - 1``.
-        conditions: Conditions to run, from frozen, verbalized, cotrain, population, and ablations of the co-trained
-            two, ``cotrain+<objective>`` / ``population+<objective>`` (the same condition with another
+        conditions: Conditions to run, from frozen, verbalized, cotrain, population, prioritised (population
+            co-training choosing its members by the failure-prioritised rule), rotation and failure (act level: the
+            fixed simulators taking turns; the failure-driven pool), and ablations of the co-trained ones,
+            ``cotrain+<objective>`` / ``population+<objective>`` (the same condition with another
             :attr:`CoTrainConfig.objective <simpop.train.cotrain.CoTrainConfig.objective>`, e.g.
-            ``cotrain+persona``, ``population+diverse``); None: the four at the act level, frozen and verbalized at
-            the text level (what fits in an hour on two CPU cores).
+            ``cotrain+persona``, ``population+diverse``); None: the first four at the act level, frozen and
+            verbalized at the text level (what fits in an hour on two CPU cores).
         updates: Policy updates per run (the equal budget); None: act 200, text 16.
         eval_every: Updates between evaluations (also at 0 and at the end); None: act 20, text 8.
         eval_episodes: Dialogues per panel member and on the training simulator per evaluation; None:
@@ -166,8 +182,10 @@ class CollapseConfig:
         unknown = sorted(c for c in self.conditions if not _known_condition(c))
         need(not unknown and len(self.conditions) > 0,
              f"conditions must be a non-empty subset of {', '.join(CONDITIONS)} or co-training ablations "
-             f"(cotrain+<objective>, population+<objective>); unknown: {unknown}")
+             f"({', '.join(f'{c}+<objective>' for c in COTRAINED)}); unknown: {unknown}")
         need(len(set(self.conditions)) == len(self.conditions), "conditions must not repeat")
+        act_only = [c for c in self.conditions if c in ACT_ONLY]
+        need(self.level == "act" or not act_only, f"conditions {act_only} run at the act level only")
         for condition in self.conditions:
             if condition.partition("+")[0] in COTRAINED:
                 try:
@@ -177,7 +195,8 @@ class CollapseConfig:
         for key in ("seeds", "updates", "eval_every", "eval_episodes", "max_turns", "heldout_personas", "workers",
                     "verbalized_k"):
             need(getattr(self, key) >= 1, f"{key} must be >= 1, got {getattr(self, key)}")
-        need(self.cotrain.pool_size >= 1 and self.cotrain.pool_sample_prob > 0 or "population" not in self.conditions,
+        populations = [c for c in self.conditions if c.partition("+")[0] in ("population", "prioritised")]
+        need(self.cotrain.pool_size >= 1 and self.cotrain.pool_sample_prob > 0 or not populations,
              "population co-training needs a checkpoint pool: cotrain.pool_size >= 1 and cotrain.pool_sample_prob > 0")
         need(self.verbalized_tau > 0 and 0 <= self.verbalized_floor < 1,
              f"verbalized_tau must be > 0 and verbalized_floor in [0, 1); got {self.verbalized_tau}, "
@@ -220,11 +239,14 @@ def _known_condition(condition: str) -> bool:
 
 
 def condition_cotrain(condition: str, cotrain: CoTrainConfig) -> CoTrainConfig:
-    """The co-training settings of ``condition``: population co-training as configured; ``cotrain`` the same with
-    K = 1 and no pool; a ``+<objective>`` suffix replaces the objective (``+diverse`` also prunes the pool's most
-    redundant snapshot instead of its oldest; raises ValueError where it cannot run)."""
+    """The co-training settings of ``condition``: population co-training as configured; ``prioritised`` the same
+    choosing each dialogue's driver by the failure-prioritised rule; ``cotrain`` the same with K = 1 and no pool; a
+    ``+<objective>`` suffix replaces the objective (``+diverse`` also prunes the pool's most redundant snapshot
+    instead of its oldest; raises ValueError where it cannot run)."""
     base, _, objective = condition.partition("+")
     changes: dict[str, Any] = {"objective": objective} if objective else {}
+    if base == "prioritised":
+        changes["draw_rule"] = "prioritised"
     if objective == "diverse":  # a population kept apart keeps distinct snapshots in its pool too
         changes["pool_prune"] = "redundant"
     if base == "cotrain":
@@ -241,11 +263,14 @@ def simulator_specs(condition: str, config: CollapseConfig) -> dict[str, str]:
     """Name -> spec of each training simulator of ``condition`` (the module docstring describes them)."""
     k = condition_cotrain(condition, config.cotrain).population_size if condition.partition("+")[0] in COTRAINED else 1
     if config.level == "act":
-        return {
+        fixed = {
             "frozen": {"frozen-modal-greedy": "persuadee?decoding=greedy&personas=modal"},
             "verbalized": {"verbalized": f"verbalized:persuadee?temperature=1.0&floor={config.verbalized_floor!r}"
                                          f"&tau={config.verbalized_tau!r}"},
-        }.get(condition) or {f"{condition.partition('+')[0]}-{i}": "trainable:persuadee?temperature=1.0"
+            "failure": {"base": BASE_SPEC},
+        }
+        fixed["rotation"] = {**fixed["frozen"], **fixed["verbalized"], "sampled": BASE_SPEC}
+        return fixed.get(condition) or {f"{condition.partition('+')[0]}-{i}": "trainable:persuadee?temperature=1.0"
                              for i in range(k)}
     model, tokens = config.sim_model or config.model.model, config.grpo.max_new_tokens
     return {
@@ -368,7 +393,8 @@ def write_card(run_dir: Path, config: CollapseConfig, condition: str, seed: int,
     """The run folder's ``config.yaml`` and ``run.json`` (:func:`simpop.train.loop.write_run_card`)."""
     from simpop.train.loop import write_run_card
 
-    trainer = "grpo" if condition in ("frozen", "verbalized") else "cotrain"
+    trainer = {"failure": "adaptive-pool"}.get(condition, "cotrain" if condition.partition("+")[0] in COTRAINED
+                                               else "grpo")
     write_run_card(run_dir, {"trainer": trainer, "env": config.env_id, "env_args": config.env_kwargs(),
                              "experiment": experiment, "condition": condition, "seed": seed,
                              "simulators": simulator_specs(condition, config)},
@@ -377,11 +403,13 @@ def write_card(run_dir: Path, config: CollapseConfig, condition: str, seed: int,
 
 def build_trainer(condition: str, config: CollapseConfig, seed: int, env: Any,
                   backends: dict[str, Any] | None = None):
-    """The trainer of one condition and seed: GRPO against the condition's simulator, or co-training
-    (``backends``: the simulators' loaded models, :func:`simulator_backends`)."""
+    """The trainer of one condition and seed: GRPO against the condition's simulator or rotation, the failure-driven
+    pool (:func:`failure_trainer`), or co-training (``backends``: the simulators' loaded models,
+    :func:`simulator_backends`)."""
     from simpop.agents.policy import build_policy
     from simpop.agents.vllm_backend import on_policy_server
     from simpop.seat import Trainable
+    from simpop.simulators.population import Population
     from simpop.simulators.registry import build_many
     from simpop.train.cotrain import CoTrainer
     from simpop.train.grpo import GRPOTrainer
@@ -389,15 +417,42 @@ def build_trainer(condition: str, config: CollapseConfig, seed: int, env: Any,
     model, grpo = policy_configs(config, seed)
     policy = build_policy(env, model, grpo.sampling(), seed)
     backends = on_policy_server(simulator_backends(config) if backends is None else backends, policy)
+    if condition == "failure":
+        return failure_trainer(config, seed, env, policy, grpo)
     simulators = build_many(simulator_specs(condition, config), env, backends)
     if condition in ("frozen", "verbalized"):
         return GRPOTrainer(config.env_id, policy, simulators[0], grpo, env_kwargs=config.env_kwargs())
+    if condition == "rotation":
+        rotation = Population(simulators, rule="rotate", rotate_every=ROTATE_EVERY, name="rotation")
+        return GRPOTrainer(config.env_id, policy, rotation, grpo, env_kwargs=config.env_kwargs())
     trainable = [s for s in simulators if isinstance(s, Trainable)]
     if len(trainable) != len(simulators):
         raise TypeError(f"condition {condition}: co-training needs trainable simulators, got "
                         f"{[type(s).__name__ for s in simulators if not isinstance(s, Trainable)]}")
     return CoTrainer(GRPOTrainer(config.env_id, policy, None, grpo, env_kwargs=config.env_kwargs()), trainable,
                      condition_cotrain(condition, config.cotrain))
+
+
+def failure_trainer(config: CollapseConfig, seed: int, env: Any, policy: Any, grpo: GRPOConfig):
+    """The ``failure`` condition's trainer: :mod:`simpop.experiments.adaptive`'s failure-driven pool (the base
+    persuadee, grown from the policy's losses on the probe panel every ``grow_every`` updates, checked against the
+    held-out panel, reweighted and pruned; :class:`~simpop.train.pool.PoolConfig`'s defaults)."""
+    from simpop.simulators.population import Population
+    from simpop.simulators.registry import build_many, load_panel
+    from simpop.train.grpo import GRPOTrainer
+    from simpop.train.pool import AdaptivePoolTrainer, PoolConfig, PoolGrower
+
+    pool = Population(build_many(simulator_specs("failure", config), env), name="failure-pool")
+    inner = GRPOTrainer(config.env_id, policy, pool, grpo, env_kwargs=config.env_kwargs())
+    probe = load_panel({"name": "probe", "members": probe_specs()}, env)
+    grower = PoolGrower(config.env_id, env, inner, probe, build_panel(config, env), config=PoolConfig(), seed=seed,
+                        env_kwargs=config.env_kwargs())
+    return AdaptivePoolTrainer(inner, grower, GROW_EVERY, env=env)
+
+
+def probe_specs() -> dict[str, str]:
+    """Name -> spec of each member of the probe panel (the failure-driven pool grows from the policy's losses there)."""
+    return {f"probe-{m}": f"persuadee:{m}?temperature={PROBE_TEMPERATURE!r}" for m in PROBE_MODELS}
 
 
 def build_panel(config: CollapseConfig, env: Any, backends: dict[str, Any] | None = None, name: str = "heldout"):

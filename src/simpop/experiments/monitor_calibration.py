@@ -3,7 +3,7 @@
 Each (condition, seed) of the collapse experiment (``frozen``, ``verbalized``, ``cotrain``; the trainers and the
 held-out panel of :mod:`simpop.experiments.collapse`) runs through :func:`simpop.train.loop.run` with the
 :class:`~simpop.train.monitor.CollapseMonitor` (its pre-registered default rule, ``on_collapse=warn``) probing
-the adaptive experiment's probe panel (:func:`simpop.experiments.adaptive.probe_specs`: other persuadee
+the adaptive experiment's probe panel (:func:`simpop.experiments.conditions.probe_specs`: other persuadee
 models, never the held-out panel) every ``probe_every`` updates, and the held-out panel every ``eval_every``.
 
 Measures (defined before any run was seen):
@@ -75,14 +75,16 @@ class MonitorCalibrationConfig:
         return list(range(self.first_seed, self.first_seed + self.seeds))
 
 
-def run_one(config: MonitorCalibrationConfig, condition: str, seed: int, out: str) -> dict[str, Any]:
-    """One monitored run (skipped when its folder already holds the finished run); its :func:`outcome`."""
+def run_one(config: MonitorCalibrationConfig, condition: str, seed: int, out: str,
+            report_to: str = "none") -> dict[str, Any]:
+    """One monitored run (skipped when its folder already holds the finished run); its :func:`outcome`.
+    ``report_to``: its experiment trackers (:mod:`simpop.evaluation.trackers`)."""
     import torch
 
     from simpop.envs.registration import make
     from simpop.evaluation.panel import evaluate
     from simpop.experiments import conditions
-    from simpop.experiments.adaptive import probe_specs
+    from simpop.experiments.conditions import probe_specs
     from simpop.simulators.registry import load_panel
     from simpop.train.loop import LoopConfig, run
     from simpop.train.monitor import CollapseMonitor
@@ -110,10 +112,12 @@ def run_one(config: MonitorCalibrationConfig, condition: str, seed: int, out: st
                         cc.env_kwargs()).per_member
 
     monitor = CollapseMonitor()
-    loop = LoopConfig(save_every=config.updates, keep_checkpoints=1, eval_every=config.eval_every, tensorboard=False,
-                      monitor=True, probe_every=config.probe_every, probe_episodes=config.probe_episodes)
+    loop = LoopConfig(save_every=config.updates, keep_checkpoints=1, eval_every=config.eval_every,
+                      report_to=report_to, monitor=True, probe_every=config.probe_every,
+                      probe_episodes=config.probe_episodes)
     # resume=True: a run folder left by a killed run (no checkpoint before the last update) starts afresh
-    run(trainer, config.updates, run_dir, config=loop, evaluate=evaluation, probe=probe, monitor=monitor, resume=True)
+    run(trainer, config.updates, run_dir, config=loop, evaluate=evaluation, probe=probe, monitor=monitor, resume=True,
+        name=f"{condition}/seed{seed}", group=Path(out).name)
     return outcome(run_dir, condition, seed)
 
 
@@ -140,7 +144,7 @@ def outcome(run_dir: Path, condition: str, seed: int) -> dict[str, Any]:
             "curve": {str(s): curve[s] for s in sorted(curve)}, "probes": probes}
 
 
-def _worker(args: tuple[MonitorCalibrationConfig, str, int, str]) -> dict[str, Any]:
+def _worker(args: tuple[MonitorCalibrationConfig, str, int, str, str]) -> dict[str, Any]:
     return run_one(*args)
 
 
@@ -221,13 +225,15 @@ def render_report(summary: dict[str, Any]) -> str:
     return "\n".join(lines) + "\n"
 
 
-def run_calibration(config: MonitorCalibrationConfig, out: str | Path, resume: bool = False) -> Path:
-    """Run every (condition, seed) (finished ones are kept with ``resume``), then write summary and report."""
+def run_calibration(config: MonitorCalibrationConfig, out: str | Path, resume: bool = False,
+                    report_to: str = "none") -> Path:
+    """Run every (condition, seed) (finished ones are kept with ``resume``), then write summary and report.
+    ``report_to``: the experiment trackers of every run (:mod:`simpop.evaluation.trackers`)."""
     out = Path(out)
     if (out / "runs").exists() and not resume:
         raise FileExistsError(f"{out} already holds a run: pass --resume to finish it, or choose another --out")
     out.mkdir(parents=True, exist_ok=True)
-    tasks = [(config, c, s, str(out)) for s in config.seed_list for c in config.conditions]
+    tasks = [(config, c, s, str(out), report_to) for s in config.seed_list for c in config.conditions]
     started = time.perf_counter()
     if config.workers == 1:
         results = [run_one(*t) for t in tasks]

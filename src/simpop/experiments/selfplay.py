@@ -24,6 +24,8 @@ from typing import Any
 
 import numpy as np
 
+from simpop.user_input import ArgumentParser, integer
+
 ENV = "simpop/PersuasionAct-v0"
 CONDITIONS = ("frozen", "rotate", "self")
 ROTATION = ["persuadee", "persuadee:shuffled-0", "persuadee:shuffled-1"]
@@ -108,12 +110,12 @@ def summarise(records: list[dict[str, Any]]) -> dict[str, Any]:
 def main(argv: list[str] | None = None) -> int:
     """``python -m simpop.experiments.selfplay OUT``: run every condition and seed not yet in ``OUT/runs.jsonl``
     (a stopped run resumes), then write ``OUT/summary.json`` and print it."""
-    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser = ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("out", type=Path)
-    parser.add_argument("--seeds", type=int, default=8)
-    parser.add_argument("--updates", type=int, default=100)
-    parser.add_argument("--rotate-every", type=int, default=5)
-    parser.add_argument("--episodes", type=int, default=64, help="dialogues per panel member and evaluation")
+    parser.add_argument("--seeds", type=integer(1, 10_000), default=8)
+    parser.add_argument("--updates", type=integer(1, 1_000_000_000), default=100)
+    parser.add_argument("--rotate-every", type=integer(1, 1_000_000_000), default=5)
+    parser.add_argument("--episodes", type=integer(1, 100_000), default=64, help="dialogues per panel member and evaluation")
     args = parser.parse_args(argv)
     args.out.mkdir(parents=True, exist_ok=True)
     records_path = args.out / "runs.jsonl"

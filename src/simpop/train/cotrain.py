@@ -159,6 +159,9 @@ class CoTrainConfig:
             trainable simulators; must be 0 without a pool and < 1 with one.
         pool_recency: Sampling weight decay per step of snapshot age inside the pool, in (0, 1].
         snapshot_every: Updates between snapshots of the trainable simulators into the pool.
+        draw_rule: How each dialogue's driver is chosen among the K simulators and the pool: ``weighted``
+            (the weights above) or ``prioritised`` (those weights times each one's recent failure rate against the
+            policy, :class:`~simpop.simulators.population.Population`'s rule: the ones it loses to drive more).
         pool_prune: Which snapshot leaves a full pool: ``oldest``, or ``redundant``: the one whose reply
             distribution is nearest another snapshot's (or the newcomer's), by symmetrised KL on the states of the
             latest batch's dialogues (simulators must be :class:`Divergent`), so the pool keeps distinct behaviours.
@@ -190,6 +193,7 @@ class CoTrainConfig:
     pool_sample_prob: float = 0.0
     pool_recency: float = 0.7
     snapshot_every: int = 5
+    draw_rule: Literal["weighted", "prioritised"] = "weighted"
     pool_prune: Literal["oldest", "redundant"] = "oldest"
     objective: Objective = "target"
     realism_coef: float = 0.1
@@ -223,6 +227,8 @@ class CoTrainConfig:
              "a pool is only sampled with pool_sample_prob > 0: set it (e.g. 0.25) or pool_size=0")
         need(0 < self.pool_recency <= 1, f"pool_recency must be in (0, 1], got {self.pool_recency}")
         need(self.snapshot_every >= 1, f"snapshot_every must be >= 1, got {self.snapshot_every}")
+        need(self.draw_rule == "weighted" or self.population_size > 1 or self.pool_size > 0,
+             "draw_rule 'prioritised' chooses among several simulators: population_size >= 2 or a pool")
         need(self.pool_prune in ("oldest", "redundant"),
              f"pool_prune must be oldest or redundant, got {self.pool_prune!r}")
         need(self.objective in OBJECTIVES, f"objective must be one of {', '.join(OBJECTIVES)}, got {self.objective!r}")
@@ -286,7 +292,8 @@ def training_population(simulators: Sequence[Trainable], config: CoTrainConfig,
             pool.add_snapshot(frozen, step)
         members.append(pool)
         weights.append(config.pool_sample_prob)
-    return Population(members, weights, rule="weighted", min_probability=0.0, name="cotrain-population"), pool
+    return Population(members, weights, rule=config.draw_rule, min_probability=0.0,
+                      name="cotrain-population"), pool
 
 
 class CoTrainer:
