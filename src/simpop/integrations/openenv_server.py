@@ -44,6 +44,7 @@ import asyncio
 import functools
 import itertools
 import json
+import re
 import socket
 import threading
 import uuid
@@ -565,7 +566,7 @@ class SessionGate:
         except (ValueError, RecursionError):  # OpenEnv answers what is not JSON (a parse error)
             request = None
         if isinstance(request, dict):
-            if not _valid_unicode(request):  # OpenEnv would echo it (the method's name, say) in an unrenderable answer
+            if not _valid_unicode(body, request):  # OpenEnv would echo it (the method's name, say) in an unrenderable answer
                 await self._refuse_rpc(send, request, "the request holds text that is not valid Unicode (a lone "
                                                       "surrogate escape such as \\ud800)")
                 return
@@ -597,15 +598,22 @@ def _frame_problem(message: dict[str, Any]) -> str | None:
         return f"the frame is not JSON: {str(error)[:200]}"
     if not isinstance(frame, dict):
         return 'a frame must be a JSON object, such as {"type": "reset", "data": {"seed": 0}}'
-    if not _valid_unicode(frame):
+    if not _valid_unicode(message["text"], frame):
         return "the frame holds text that is not valid Unicode (a lone surrogate escape such as \\ud800)"
     return None
 
 
-def _valid_unicode(request: dict[str, Any]) -> bool:
-    """Whether a JSON request holds only text a UTF-8 response can carry (no lone surrogates)."""
+#: A JSON escape of a surrogate (``\ud800``-``\udfff``): the only way parsed JSON text can hold a lone surrogate.
+_SURROGATE_ESCAPE = re.compile(r"\\u[dD][89a-fA-F]")
+
+
+def _valid_unicode(raw: str | bytes, parsed: Any) -> bool:
+    """Whether JSON ``parsed`` (read from ``raw``) holds only text a UTF-8 response can carry (no lone
+    surrogates). Only a frame with a surrogate escape is serialised again to check: every frame passes here."""
+    if not _SURROGATE_ESCAPE.search(raw if isinstance(raw, str) else raw.decode("latin-1")):
+        return True
     try:
-        return is_unicode(json.dumps(request, ensure_ascii=False))
+        return is_unicode(json.dumps(parsed, ensure_ascii=False))
     except RecursionError:
         return False
 
