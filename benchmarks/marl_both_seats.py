@@ -18,13 +18,8 @@ import time
 import numpy as np
 import torch
 
+from simpop.integrations.marl_ppo import gain
 from simpop.integrations.torchrl_marl import MarlConfig, evaluate, train_both_seats
-
-
-def gain(better: np.ndarray, worse: np.ndarray) -> str:
-    difference = better.mean() - worse.mean()
-    se = np.sqrt(better.var(ddof=1) / len(better) + worse.var(ddof=1) / len(worse))
-    return f"{difference:+.3f} (SE {se:.3f}, {'learned' if difference > 2 * se else 'NOT learned'})"
 
 
 def main() -> None:

@@ -1,17 +1,26 @@
-"""OpenEnv server overhead per step vs ``env.step`` in process, and steps/s with 1, 8 and 32 sessions, one run.
+"""The OpenEnv server at training scale, side by side in one run (``simpop openenv serve`` in child processes on
+loopback, driven by OpenEnv's own client, :class:`~simpop.integrations.openenv_client.SimpopEnvClient`, one
+WebSocket session per concurrent episode stream). Steps/s count policy steps (resets excluded) over a fixed wall
+time. Four parts (``--parts``):
 
-The act-level P4G env (``simpop/PersuasionAct-v0``) with the native persuadee in the user seat, a fixed
-cycle of acts for the policy. In process: the single-agent view (:class:`~simpop.envs.wrappers.UserSeat`)
-stepped directly, the same work the server does per step (the env, then the simulator's reply). Over the
-network: ``simpop openenv serve`` in a child process on loopback, driven by OpenEnv's own client
-(:class:`~simpop.integrations.openenv_client.SimpopEnvClient`), one WebSocket session per concurrent
-episode stream. Overhead = (seconds per step over the network with one session) - (seconds per step in
-process); the goal is <= 2 ms. On a shared, oversubscribed CPU the wall-clock figure mostly measures waiting for
-a core, so the CPU time the client and server processes spend per step (load-independent; on an idle machine
-the wall time per step is about that) is printed beside it. Steps/s count policy steps (resets excluded) over
-a fixed wall time::
+- ``overhead``: act level (``simpop/PersuasionAct-v0``, native persuadee, a fixed cycle of acts): seconds per step
+  over the network with one session minus in process (:class:`~simpop.envs.wrappers.UserSeat` stepped directly;
+  goal <= 2 ms), with the CPU time the client and server processes spend per step beside it (load-independent);
+  steps/s at 1, 8 and 32 sessions.
+- ``text``: ``simpop/Persuasion-v0`` (3 turns) with a SmolLM2 user in process (``frozen:smollm2``, 24 new tokens),
+  steps/s at 1, 8 and 32 sessions: batched across sessions (the default) vs one reply at a time (``--max-batch 1``,
+  the server before batching).
+- ``served``: the same env with a served user (``frozen:openai:...``): a loopback OpenAI-compatible server that
+  answers every request after a fixed 200 ms; concurrent calls (the default) vs one at a time (``--max-inflight 1``,
+  the server's former global lock).
+- ``scale``: act level with 1,024 concurrent sessions, each waiting ``--think`` seconds (a policy generating) before
+  each step: the share of sessions that completed an episode, refusals, and the median and p99 latency a step
+  call adds to the in-process step; then 64 sessions without think time (the server's throughput). With 1 and
+  2 worker processes (``--workers``).
 
-    nice -n 19 .venv/bin/python benchmarks/openenv_server.py [--seconds 3] [--sessions 1 8 32]
+::
+
+    nice -n 19 .venv/bin/python benchmarks/openenv_server.py [--parts overhead text served scale] [--seconds 3]
 """
 
 from __future__ import annotations
@@ -20,23 +29,30 @@ import argparse
 import asyncio
 import json
 import os
+import random
 import re
+import signal
+import socket
+import statistics
 import subprocess
 import sys
+import threading
 import time
 
-ENV = "simpop/PersuasionAct-v0"
+ACT_ENV, TEXT_ENV = "simpop/PersuasionAct-v0", "simpop/Persuasion-v0"
 ACTS = [3, 5, 1, 13, 2, 0, 7, 9, 4, 6, 8, 10, 11, 12]
+MESSAGE = "Hello! Children in need could use your help. Would you donate part of your payment to Save the Children?"
+SMOLLM2_USER = "frozen:smollm2?max_new_tokens=24"
 
 
 def in_process(seconds: float) -> float:
-    """Seconds per policy step of the UserSeat view, stepped directly."""
+    """Seconds per policy step of the act-level UserSeat view, stepped directly."""
     import simpop.envs  # noqa: F401
     from simpop.envs.registration import make
     from simpop.envs.wrappers import UserSeat
     from simpop.simulators.registry import build_simulator
 
-    env = make(ENV)
+    env = make(ACT_ENV)
     seat = UserSeat(env, build_simulator("persuadee", env=env))
     steps, busy, episode = 0, 0.0, 0
     deadline = time.perf_counter() + seconds
@@ -58,76 +74,206 @@ def cpu_seconds(pid: int) -> float:
     return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
 
 
-async def over_network(url: str, sessions: int, seconds: float) -> tuple[float, float]:
-    """(policy steps/s over all sessions, mean seconds per step of one session's step calls)."""
+class Run:
+    """What one measurement saw: steps, step-call latencies, sessions that finished an episode, errors."""
+
+    def __init__(self) -> None:
+        self.steps, self.latencies, self.finished, self.errors, self.elapsed = 0, [], 0, [], 0.0
+
+    @property
+    def rate(self) -> float:
+        return self.steps / self.elapsed
+
+
+async def over_network(url: str, sessions: int, seconds: float, act: bool = True, think_s: float = 0.0,
+                       wait: bool = True) -> Run:
+    """``sessions`` concurrent streams of episodes for ``seconds``; with ``think_s``, each waits about that long
+    before each step (a random phase first). ``wait``: each finishes the step under way (else they are dropped at
+    the deadline, and only steps answered by then count)."""
     from simpop.integrations.openenv_client import SimpopEnvClient
 
-    counts, busy = [0] * sessions, [0.0] * sessions
-    deadline = time.perf_counter() + seconds
+    run, start = Run(), time.perf_counter()
+    deadline = start + seconds
 
     async def stream(i: int) -> None:
-        async with SimpopEnvClient(base_url=url, message_timeout_s=120.0) as env:
-            episode = 0
-            while time.perf_counter() < deadline:
-                result = await env.reset(seed=i * 100_000 + episode)
-                k = 0
-                while not result.done:
-                    t0 = time.perf_counter()
-                    result = await env.step(ACTS[k % len(ACTS)])
-                    busy[i] += time.perf_counter() - t0
-                    counts[i] += 1
-                    k += 1
-                episode += 1
+        try:
+            if think_s:
+                await asyncio.sleep(random.uniform(0, think_s))
+            async with SimpopEnvClient(base_url=url, message_timeout_s=600.0) as env:
+                episode = 0
+                while episode == 0 or time.perf_counter() < deadline:  # seconds=0: one reset and step
+                    result = await env.reset(seed=i * 100_000 + episode)
+                    k = 0
+                    while not result.done and (k == 0 or time.perf_counter() < deadline):
+                        if think_s:
+                            await asyncio.sleep(think_s * random.uniform(0.5, 1.5))
+                        t0 = time.perf_counter()
+                        result = await env.step(ACTS[k % len(ACTS)] if act else MESSAGE)
+                        run.latencies.append(time.perf_counter() - t0)
+                        run.steps, k = run.steps + (wait or time.perf_counter() <= deadline), k + 1
+                    run.finished += result.done and episode == 0
+                    episode += 1
+        except Exception as error:  # noqa: BLE001 - counted: a refused or failed session
+            run.errors.append(f"{type(error).__name__}: {error}"[:200])
 
-    start = time.perf_counter()
-    await asyncio.gather(*(stream(i) for i in range(sessions)))
-    elapsed = time.perf_counter() - start
-    return sum(counts) / elapsed, sum(busy) / max(1, sum(counts))
+    tasks = [asyncio.ensure_future(stream(i)) for i in range(sessions)]
+    if wait:
+        await asyncio.gather(*tasks)
+    else:
+        await asyncio.wait(tasks, timeout=seconds)
+        for task in tasks:
+            task.cancel()
+        await asyncio.gather(*tasks, return_exceptions=True)
+    run.elapsed = time.perf_counter() - start if wait else seconds
+    return run
 
 
-def start_server(max_sessions: int) -> tuple[subprocess.Popen, str]:
-    cmd = [sys.executable, "-m", "simpop.cli", "openenv", "serve", "--env", ENV, "--simulator", "persuadee",
-           "--port", "0", "--max-sessions", str(max_sessions)]
+def start_server(env: str, simulator: str, *flags: str, threads: int | None = None) -> tuple[subprocess.Popen, str]:
+    cmd = [sys.executable, "-m", "simpop.cli", "openenv", "serve", "--env", env, "--simulator", simulator,
+           "--port", "0", *flags]
+    extra = {} if threads is None else {"OMP_NUM_THREADS": str(threads)}
     process = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
-                               env={**os.environ, "OMP_NUM_THREADS": "1"})
+                               env={**os.environ, **extra})
+    assert process.stdout is not None
     for line in process.stdout:
         match = re.search(r"at (http://\S+) ", line)
         if match:
+            threading.Thread(target=process.stdout.read, daemon=True).start()  # keep its pipe drained
             return process, match.group(1)
     raise RuntimeError(f"the server did not start: {process.wait()}")
 
 
+def measure(env: str, simulator: str, flags: list[str], sessions: list[int], seconds: float,
+            label: str, threads: int | None = None) -> dict[int, Run]:
+    """Steps/s with each number of sessions on one server, after a warm-up step (a model's first call is slow);
+    steps answered after ``seconds`` do not count, and a probe step after each measurement waits out the work its
+    dropped sessions left queued (the oldest work runs first)."""
+    runs = {}
+    process, url = start_server(env, simulator, "--max-sessions", str(max(sessions) + 1), *flags, threads=threads)
+    try:
+        asyncio.run(over_network(url, 1, 0.0, act=False))  # one reset and step
+        for n in sessions:
+            runs[n] = asyncio.run(over_network(url, n, seconds, act=False, wait=False))
+            asyncio.run(over_network(url, 1, 0.0, act=False))
+            print(f"    {label}, {n} sessions: {runs[n].rate:.2f} steps/s", flush=True)
+    finally:
+        stop(process)
+    return runs
+
+
+def stop(process: subprocess.Popen) -> None:
+    process.terminate()
+    try:
+        process.wait(timeout=10)
+    except subprocess.TimeoutExpired:
+        process.kill()
+        process.wait()
+
+
+def fake_openai_server(latency_s: float) -> str:
+    """A loopback OpenAI-compatible ``/v1/chat/completions`` that answers every request after ``latency_s``."""
+    import uvicorn
+    from starlette.applications import Starlette
+    from starlette.responses import JSONResponse
+    from starlette.routing import Route
+
+    async def complete(request):
+        await request.body()
+        await asyncio.sleep(latency_s)
+        return JSONResponse({"choices": [{"index": 0, "finish_reason": "stop",
+                                          "message": {"role": "assistant", "content": "I am not sure yet."}}]})
+
+    sock = socket.create_server(("127.0.0.1", 0), backlog=1024)
+    server = uvicorn.Server(uvicorn.Config(Starlette(routes=[Route("/v1/chat/completions", complete,
+                                                                   methods=["POST"])]),
+                                           log_level="warning", backlog=1024))
+    threading.Thread(target=server.run, kwargs={"sockets": [sock]}, daemon=True).start()
+    while not server.started:
+        time.sleep(0.05)
+    return f"http://127.0.0.1:{sock.getsockname()[1]}/v1"
+
+
+def side_by_side(title: str, rows: dict[str, dict[int, Run]]) -> dict[str, dict[str, float]]:
+    (new, new_rows), (old, old_rows) = rows.items()
+    print(title)
+    for n in new_rows:
+        a, b = new_rows[n], old_rows[n]
+        print(f"  {n:3d} sessions: {new} {a.rate:7.2f} steps/s, {old} {b.rate:7.2f} steps/s: {a.rate / b.rate:5.2f}x"
+              + (f" (errors: {len(a.errors)} / {len(b.errors)})" if a.errors or b.errors else ""))
+    return {name: {str(n): r.rate for n, r in runs.items()} for name, runs in rows.items()}
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--seconds", type=float, default=3.0, help="wall time of each measurement")
+    parser.add_argument("--parts", nargs="+", choices=["overhead", "text", "served", "scale"],
+                        default=["overhead", "text", "served", "scale"])
+    parser.add_argument("--seconds", type=float, default=3.0, help="wall time of each act-level measurement")
+    parser.add_argument("--text-seconds", type=float, default=20.0, help="wall time of each text measurement")
     parser.add_argument("--sessions", type=int, nargs="+", default=[1, 8, 32])
+    parser.add_argument("--torch-threads", type=int, help="OMP_NUM_THREADS of the text servers (default: torch's)")
+    parser.add_argument("--scale-sessions", type=int, default=1024)
+    parser.add_argument("--think", type=float, default=4.0, help="seconds a scale session waits before each step")
+    parser.add_argument("--scale-seconds", type=float, default=30.0)
     args = parser.parse_args()
+    signal.signal(signal.SIGTERM, lambda *_: sys.exit(1))  # a terminated run stops its servers (their finally)
+    print(f"{os.cpu_count()} CPUs, load average {os.getloadavg()[0]:.1f} at the start (a shared CPU inflates the "
+          f"wall-clock figures)", flush=True)
+    report: dict[str, object] = {}
     local = in_process(args.seconds)
-    process, url = start_server(max(args.sessions))
-    try:
-        cpu0, server0 = time.process_time(), cpu_seconds(process.pid)
-        t0 = time.perf_counter()
-        rate, _ = asyncio.run(over_network(url, 1, args.seconds))
-        steps = rate * (time.perf_counter() - t0)
-        cpu_per_step = (time.process_time() - cpu0 + cpu_seconds(process.pid) - server0) / steps
-        rows = {n: asyncio.run(over_network(url, n, args.seconds)) for n in args.sessions}
-    finally:
-        process.terminate()
-        process.wait()
-    one_step = rows[args.sessions[0]][1] if args.sessions[0] == 1 else asyncio.run(over_network(url, 1, 1.0))[1]
-    print(f"{ENV}, native persuadee, {args.seconds:g} s per measurement, {os.cpu_count()} CPUs, "
-          f"load average {os.getloadavg()[0]:.1f} (a shared CPU inflates the network figures)")
-    print(f"in process (UserSeat.step): {local * 1e3:.3f} ms/step = {1 / local:,.0f} steps/s")
-    print(f"over OpenEnv, 1 session:    {one_step * 1e3:.3f} ms/step; server overhead "
-          f"{(one_step - local) * 1e3:.3f} ms/step (goal <= 2 ms)")
-    print(f"over OpenEnv, CPU time:     {cpu_per_step * 1e3:.3f} ms/step (client + server processes); CPU "
-          f"overhead {(cpu_per_step - local) * 1e3:.3f} ms/step")
-    for n, (rate, per_step) in rows.items():
-        print(f"  {n:3d} concurrent sessions: {rate:8,.0f} steps/s ({rate * local:.2f}x one in-process stream); "
-              f"{per_step * 1e3:.2f} ms per step call")
-    print(json.dumps({"in_process_ms": local * 1e3, "overhead_ms": (one_step - local) * 1e3,
-                      "cpu_overhead_ms": (cpu_per_step - local) * 1e3,
-                      "steps_per_s": {str(n): r for n, (r, _) in rows.items()}}))
+    if "overhead" in args.parts:
+        process, url = start_server(ACT_ENV, "persuadee", "--max-sessions", str(max(args.sessions)), threads=1)
+        try:
+            cpu0, server0 = time.process_time(), cpu_seconds(process.pid)
+            one = asyncio.run(over_network(url, 1, args.seconds))
+            cpu_per_step = (time.process_time() - cpu0 + cpu_seconds(process.pid) - server0) / one.steps
+            rows = {n: asyncio.run(over_network(url, n, args.seconds)) for n in args.sessions}
+        finally:
+            stop(process)
+        one_step = statistics.fmean(one.latencies)
+        print(f"act level ({ACT_ENV}, native persuadee): in process {local * 1e3:.3f} ms/step; over OpenEnv, 1 "
+              f"session {one_step * 1e3:.3f} ms/step, overhead {(one_step - local) * 1e3:.3f} ms/step (goal <= 2 "
+              f"ms); CPU {cpu_per_step * 1e3:.3f} ms/step (client + server), CPU overhead "
+              f"{(cpu_per_step - local) * 1e3:.3f} ms/step")
+        for n, run in rows.items():
+            print(f"  {n:3d} sessions: {run.rate:8,.0f} steps/s")
+        report["overhead"] = {"in_process_ms": local * 1e3, "overhead_ms": (one_step - local) * 1e3,
+                              "cpu_overhead_ms": (cpu_per_step - local) * 1e3,
+                              "steps_per_s": {str(n): r.rate for n, r in rows.items()}}
+    if "text" in args.parts:
+        report["text"] = side_by_side(
+            f"text level ({TEXT_ENV}, 3 turns, {SMOLLM2_USER} in process, {args.text_seconds:g} s each):",
+            {name: measure(TEXT_ENV, SMOLLM2_USER, ["--env-arg", "max_turns=3", *flags], args.sessions,
+                           args.text_seconds, name, args.torch_threads)
+             for name, flags in (("batched", []), ("one at a time", ["--max-batch", "1"]))})
+    if "served" in args.parts:
+        user = f"frozen:openai:{fake_openai_server(0.2)}#fake?max_new_tokens=24"
+        report["served"] = side_by_side(
+            f"served user (a loopback OpenAI-compatible server, 200 ms per request; {args.seconds:g} s each):",
+            {name: measure(TEXT_ENV, user, ["--env-arg", "max_turns=3", *flags], args.sessions, args.seconds, name)
+             for name, flags in (("concurrent", []), ("one at a time", ["--max-inflight", "1"]))})
+    if "scale" in args.parts:
+        n, report["scale"] = args.scale_sessions, {}
+        for workers in (1, 2):
+            process, url = start_server(ACT_ENV, "persuadee", "--max-sessions", str(n), "--max-pending", str(n),
+                                        "--workers", str(workers), threads=1)
+            try:
+                run = asyncio.run(over_network(url, n, args.scale_seconds, think_s=args.think))
+                busy = asyncio.run(over_network(url, 64, args.seconds))  # no think time: the servers' throughput
+            finally:
+                stop(process)
+            added = sorted(latency - local for latency in run.latencies)
+            p50, p99 = added[len(added) // 2], added[min(len(added) - 1, int(len(added) * 0.99))]
+            print(f"act level at scale, {workers} worker(s): {n} concurrent sessions, {args.think:g} s think time, "
+                  f"{args.scale_seconds:g} s: {run.finished / n:.1%} completed an episode, {len(run.errors)} errors, "
+                  f"{run.rate:,.0f} steps/s; added latency median {p50 * 1e3:.1f} ms, p99 {p99 * 1e3:.1f} ms; "
+                  f"64 sessions without think time: {busy.rate:,.0f} steps/s")
+            if run.errors:
+                print(f"  first error: {run.errors[0]}")
+            report["scale"][str(workers)] = {
+                "completed": run.finished / n, "errors": len(run.errors), "steps_per_s": run.rate,
+                "added_ms_median": p50 * 1e3, "added_ms_p99": p99 * 1e3, "saturated_steps_per_s": busy.rate}
+    print(f"load average {os.getloadavg()[0]:.1f} at the end")
+    print(json.dumps(report))
 
 
 if __name__ == "__main__":

@@ -30,8 +30,9 @@ RECORDED_S = 0.1
 #: its own, and vLLM-CPU pins each engine to the first core, so two at once share one core (a start took 3x as long).
 RESOURCES = {"vllm_server": "vllm", "vllm_python": "vllm", "ray_cluster": "ray", "browser": "browser"}
 #: Fixtures that make a test slow whatever it measured: the resources (the vLLM environment's Python among them),
-#: the real model, and the verifiers environment's Python (a test that asks for one starts an interpreter there).
-SLOW_FIXTURES = {*RESOURCES, "smollm2", "verifiers_python"}
+#: the real model, and the verifiers and RLlib environments' Pythons (a test that asks for one starts an interpreter
+#: there).
+SLOW_FIXTURES = {*RESOURCES, "smollm2", "verifiers_python", "rllib_python"}
 _SHARED_SCOPES = {"module", "class", "package"}
 
 

@@ -10,10 +10,11 @@ import pytest
 from simpop.cli import COMMANDS, build_parser
 from simpop.user_input import Bounded
 from tests.cli_flags import check, flags, is_numeric, standalone_mains, subparsers, walk_module
-from tests.integrations.conftest import run_in, verifiers_python  # noqa: F401  (a fixture)
+from tests.integrations.conftest import rllib_python, run_in, verifiers_python  # noqa: F401  (fixtures)
 
-#: Standalone modules whose extra lives in its own environment.
-OWN_ENVIRONMENT = {"simpop.integrations.verifiers_env"}
+#: Standalone modules whose extra lives in its own environment, and the fixture of that environment's Python.
+OWN_ENVIRONMENT = {"simpop.integrations.verifiers_env": "verifiers_python",
+                   "simpop.integrations.rllib_marl": "rllib_python"}
 
 
 def test_every_simpop_command_s_numeric_flags_refuse_nan_inf_and_out_of_range_values():
@@ -30,12 +31,13 @@ def test_every_simpop_command_s_numeric_flags_refuse_nan_inf_and_out_of_range_va
     assert len(walked) > 150
 
 
-def test_standalone_entry_points_refuse_them_too(verifiers_python):  # noqa: F811  (the fixture)
+def test_standalone_entry_points_refuse_them_too(verifiers_python, rllib_python):  # noqa: F811  (the fixtures)
     modules = standalone_mains()
-    assert {"simpop.envs.cooperbench.validate", "simpop.experiments.selfplay"} | OWN_ENVIRONMENT <= set(modules)
+    assert {"simpop.envs.cooperbench.validate", "simpop.experiments.selfplay"} | set(OWN_ENVIRONMENT) <= set(modules)
+    pythons = {"verifiers_python": verifiers_python, "rllib_python": rllib_python}
     for module in modules:
         if module in OWN_ENVIRONMENT:
-            run = run_in(verifiers_python, "-m", "tests.cli_flags", module, timeout=300)
+            run = run_in(pythons[OWN_ENVIRONMENT[module]], "-m", "tests.cli_flags", module, timeout=300)
             assert run.returncode == 0 and " 0 failures" in run.stdout, run.stdout + run.stderr[-2000:]
         else:
             total, failures = walk_module(module)

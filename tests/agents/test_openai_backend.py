@@ -34,7 +34,7 @@ def test_round_trip_keeps_order_ids_and_logprobs():
 def test_seeds_differ_per_chat_so_repeated_chats_still_sample():
     backend = EchoBackend()
     with make_server(backend, port=0).start() as server:
-        OpenAIBackend(server.url, "echo").generate(chats(3), SamplingParams(max_new_tokens=2, seed=10))
+        OpenAIBackend(server.url, "echo").generate(chats(3), SamplingParams(max_new_tokens=2, temperature=1.0, seed=10))
     assert sorted(seed for _, seed in backend.calls) == [10, 11, 12]
 
 

@@ -110,7 +110,7 @@ def test_condition_simulators_and_panel():
     assert isinstance(population, CoTrainer) and len(population.simulators) == config.cotrain.population_size
     assert all(type(s) is TrainableActPersuadee for s in population.simulators)
     panel = build_panel(config, env)
-    panel.check_disjoint([population.training_simulator, frozen, verbalized])  # raises if not held out
+    panel.check_disjoint([population.training_simulator, frozen, verbalized], strict=True)  # raises if not held out
     personas = env.persona_set(f"heldout-{config.heldout_personas}-{config.heldout_seed}")
     assert modal_persona() not in personas and len(personas) > 30
     assert all(m.personas == list(personas) for _, m in panel)
@@ -148,15 +148,15 @@ def test_every_conditions_specs_build_simulators_held_out_from_the_panel(level):
         assert all(type(s) is kinds[condition] for s in simulators)
         for s in leaf_simulators(simulators) + [m for _, m in panel]:
             assert SimulatorSpec.parse(str(s.spec)) == s.spec
-        panel.check_disjoint(simulators, shared_model=shared)  # raises PanelOverlapError if any is not held out
+        panel.check_disjoint(simulators, shared_model=shared, strict=True)  # raises PanelOverlapError if any is not held out
         # ... which it would if training shared a panel member's model, decoding and personas.
         with pytest.raises(PanelOverlapError):
             panel.check_disjoint(simulators + build_many(list(panel_specs(config).values())[:1], env),
-                                 shared_model=shared)
+                                 shared_model=shared, strict=True)
         if shared and condition in ("frozen", "verbalized"):  # (trainable simulators' model is base + adapter)
             # the LLM members share the one LLM: held out by persona and decoding, and only when allowed
             with pytest.raises(PanelOverlapError, match="the model of every training simulator"):
-                panel.check_disjoint(simulators)
+                panel.check_disjoint(simulators, strict=True)
 
 
 def test_config_validation():
@@ -225,7 +225,7 @@ def test_robustness_panel_is_built_another_way_and_held_out():
     assert personas.isdisjoint({p for _, m in heldout for p in m.personas})
     assert personas.isdisjoint(env.load_scenario(i).persona for i in env.scenario_ids())
     for condition in DEFAULT_CONDITIONS:
-        robust.check_disjoint([build_trainer(condition, config, 0, env).training_simulator])
+        robust.check_disjoint([build_trainer(condition, config, 0, env).training_simulator], strict=True)
 
 
 def test_finished_run_reports_robustness_convergence_and_per_seed_curves(finished):
@@ -252,7 +252,7 @@ def test_corpus_panel_fits_persuadees_to_a_corpus(tmp_path):
     assert {m.spec.personas for _, m in panel} == {f"corpus:{corpus.resolve()}"}  # a persona set like any other
     assert len({m.model.params for _, m in panel}) == 3  # three resamples, three fits
     for condition in DEFAULT_CONDITIONS:
-        panel.check_disjoint([build_trainer(condition, config, 0, env).training_simulator])
+        panel.check_disjoint([build_trainer(condition, config, 0, env).training_simulator], strict=True)
     with pytest.raises(ValueError, match="corpus_panel .*: no such folder"):
         CollapseConfig(**{**TINY, "corpus_panel": str(tmp_path / "missing")})
     out = tmp_path / "run"
@@ -281,7 +281,7 @@ def test_human_fitted_panel_is_the_default_third_panel_with_the_realism_index(fi
     env = make(older.env_id, **older.env_kwargs())
     human = build_panel(CollapseConfig(**TINY), env, name="human")
     for condition in DEFAULT_CONDITIONS:
-        human.check_disjoint([build_trainer(condition, CollapseConfig(**TINY), 0, env).training_simulator])
+        human.check_disjoint([build_trainer(condition, CollapseConfig(**TINY), 0, env).training_simulator], strict=True)
 
 
 def test_a_run_saved_before_the_human_panel_resumes_only_without_it(tmp_path):

@@ -58,7 +58,7 @@ def test_rotation_takes_the_fixed_simulators_in_turn():
     assert rotation.rule == "rotate" and rotation.rotate_every == ROTATE_EVERY
     played = [trainer.step()["rotation_member"] for _ in range(ROTATE_EVERY + 1)]
     assert played == ["frozen-modal-greedy"] * ROTATE_EVERY + ["verbalized"]
-    build_panel(config, env).check_disjoint(rotation)
+    build_panel(config, env).check_disjoint(rotation, strict=True)
 
 
 def test_failure_condition_is_the_failure_driven_pool():

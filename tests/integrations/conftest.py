@@ -9,15 +9,27 @@ import pytest
 ROOT = Path(__file__).resolve().parents[2]
 
 
+def _python(package: str) -> str:
+    """A Python with ``package`` (``$SIMPOP_<PACKAGE>_PYTHON`` or the project's ``.venv-<package>``); skips only
+    where none is found (``make <package>-env`` builds it; ``make test`` does it first)."""
+    variable = f"SIMPOP_{package.upper()}_PYTHON"
+    configured = os.environ.get(variable)
+    python = Path(configured) if configured else ROOT / f".venv-{package}" / "bin" / "python"
+    if not python.is_file():
+        pytest.skip(f"no Python with {package} found (run `make {package}-env`, or set {variable})")
+    return str(python)
+
+
 @pytest.fixture(scope="session")
 def verifiers_python() -> str:
-    """A Python with verifiers (``$SIMPOP_VERIFIERS_PYTHON`` or the project's ``.venv-verifiers``); skips only where
-    none is found (``make verifiers-env`` builds it; ``make test`` does it first)."""
-    configured = os.environ.get("SIMPOP_VERIFIERS_PYTHON")
-    python = Path(configured) if configured else ROOT / ".venv-verifiers" / "bin" / "python"
-    if not python.is_file():
-        pytest.skip("no Python with verifiers found (run `make verifiers-env`, or set SIMPOP_VERIFIERS_PYTHON)")
-    return str(python)
+    """A Python with verifiers (:func:`_python`)."""
+    return _python("verifiers")
+
+
+@pytest.fixture(scope="session")
+def rllib_python() -> str:
+    """A Python with ray[rllib] (:func:`_python`)."""
+    return _python("rllib")
 
 
 def run_in(python: str, *args: str, timeout: float = 600) -> subprocess.CompletedProcess:

@@ -19,6 +19,7 @@ from torchrl.envs import PettingZooWrapper  # noqa: E402
 
 import simpop  # noqa: E402
 from simpop.integrations.marl import MarlView  # noqa: E402
+from simpop.integrations.marl_ppo import gain  # noqa: E402
 from simpop.seat import Simulator  # noqa: E402
 from simpop.integrations.torchrl_marl import (MarlConfig, PPOConfig, evaluate, make_marl_env,  # noqa: E402
                                               train_policy_seat)
@@ -71,18 +72,12 @@ def test_the_view_refuses_what_it_cannot_serve():
         MarlView(simpop.make("simpop/PersuasionAct-v0"), floor=0.0)
 
 
-def _gain(better: np.ndarray, worse: np.ndarray) -> tuple[float, float]:
-    """The difference of two means and its standard error."""
-    se = np.sqrt(better.var(ddof=1) / len(better) + worse.var(ddof=1) / len(worse))
-    return float(better.mean() - worse.mean()), float(se)
-
-
 def test_the_documented_example_trains_both_seats_and_the_policy_seat_alone(one_thread):
     run = {}
-    exec(doc_example("train_both_seats("), run)  # docs/integrations.md's TorchRL example, as written
+    exec(doc_example("torchrl_marl import"), run)  # docs/integrations.md's TorchRL example, as written
     persuader, user = run["both"].policies["persuader"], run["both"].policies["persuadee"]
-    policy_gain, policy_se = _gain(evaluate(persuader, user).success, evaluate(None, user).success)
-    user_gain, user_se = _gain(evaluate(None, None).user_kl, evaluate(None, user).user_kl)
+    policy_gain, policy_se = gain(evaluate(persuader, user).success, evaluate(None, user).success)
+    user_gain, user_se = gain(evaluate(None, None).user_kl, evaluate(None, user).user_kl)
     print(f"both seats: persuader vs random +{policy_gain:.3f} (SE {policy_se:.3f}); KL(user || reference) "
           f"random - trained user {user_gain:.3f} (SE {user_se:.3f})")
     assert policy_gain > 2 * policy_se and user_gain > 2 * user_se

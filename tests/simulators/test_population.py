@@ -147,17 +147,17 @@ def test_panel_accepts_a_held_out_member():
     (lambda train: held_out(decoding={"temperature": 0.0}), "shares decoding settings"),
     (lambda train: held_out(model="m"), "the model of every training simulator"),
 ])
-def test_panel_rejects_each_overlap(member, message):
+def test_strict_panel_rejects_each_overlap(member, message):  # the default rule: tests/test_heldout_rule.py
     train = [EchoSimulator("t1")]
     with pytest.raises(PanelOverlapError, match=message):
-        Panel([member(train)], training=train)
+        Panel([member(train)], training=train, strict=True)
     panel = Panel([member(train)])
     with pytest.raises(PanelOverlapError, match=message):
-        panel.check_disjoint(Population(train))
+        panel.check_disjoint(Population(train), strict=True)
 
 
 def test_panel_model_rule_allows_sharing_one_of_several_training_models():
     train = [EchoSimulator("t1", model="m"), EchoSimulator("t2", model="n", decoding={"temperature": 0.5})]
-    Panel([held_out(model="m")], training=train)
+    Panel([held_out(model="m")], training=train, strict=True)
     with pytest.raises(PanelOverlapError, match="no training simulators"):
         Panel([held_out()], training=[])

@@ -11,7 +11,7 @@ from tests.study.conftest import TOKEN, Server
 
 
 def join(url, key=None):
-    return httpx.post(f"{url}/api/join", json={"token": TOKEN, "key": key}, timeout=30)
+    return httpx.post(f"{url}/api/join", json={"token": TOKEN, "key": key, "consent": True}, timeout=30)
 
 
 def test_joining_needs_the_study_token(served):

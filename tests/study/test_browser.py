@@ -1,7 +1,7 @@
 """The study page in a real headless browser (Playwright driving Debian's chromium; `make browser` installs it).
 
-``SIMPOP_STUDY_SCREENSHOT=docs/study/page.png pytest tests/study/test_browser.py -k survey`` refreshes the docs'
-screenshot of the page.
+``SIMPOP_STUDY_SCREENSHOTS=docs/study pytest tests/study/test_browser.py -k mode`` refreshes the docs'
+screenshots of each page (consent, card in both modes, questionnaire, survey, rating, debrief).
 """
 
 from __future__ import annotations
@@ -18,7 +18,8 @@ if CHROMIUM is None:
 
 from simpop.cli import main  # noqa: E402
 from simpop.study.app import create_app  # noqa: E402
-from simpop.study.storage import read_chats  # noqa: E402
+from simpop.study.storage import read_chats, read_counts, read_ledger  # noqa: E402
+from simpop.study.study import verify_codes  # noqa: E402
 from tests.study.conftest import TOKEN, Server, make_study  # noqa: E402
 from tests.study.policies import Payload  # noqa: E402
 
@@ -54,35 +55,76 @@ def say(page, text, reply=True):
         sync_api.expect(page.locator("#text")).to_be_enabled()
 
 
-def test_chat_survey_ratings_transcript_and_report(page, tmp_path, capsys):
+def snap(page, name):
+    """With ``SIMPOP_STUDY_SCREENSHOTS=DIR``, save the page as ``DIR/NAME.png`` (the docs' screenshots)."""
+    if folder := os.environ.get("SIMPOP_STUDY_SCREENSHOTS"):
+        from PIL import Image
+
+        path = os.path.join(folder, f"{name}.png")
+        page.screenshot(path=path)
+        Image.open(path).convert("RGB").quantize(128).save(path, optimize=True)  # a palette: each under 200 KB
+
+
+def rate(page, attention=False):
+    page.wait_for_selector("#rating:not([hidden])")
+    page.check("input[name=naturalness][value='4']")
+    page.check("input[name=again][value='yes']")
+    if attention:
+        page.check("input[name=attention][value='2']")
+    page.click("#rate")
+
+
+def debrief_code_and_redirect(page, study_dir):
+    """The debrief shows a valid completion code; its link takes the person to the platform with it."""
+    page.wait_for_selector("#debrief:not([hidden])")
+    assert "computer programs" in page.text_content("#debrief-text")
+    code = page.text_content("#code")
+    (participant,) = {r.member for r in read_chats(study_dir)}
+    assert verify_codes(study_dir, [code]) == {code: participant}
+    snap(page, "debrief")
+    page.click("#redirect")
+    page.wait_for_url(f"**/static/style.css?cc={code}")
+    return code
+
+
+def test_persona_mode_consent_chats_survey_ratings_debrief_code_and_redirect(page, tmp_path, capsys):
     study = make_study(tmp_path / "study")
     with Server(create_app(study, TOKEN, message_rate="20/second")) as url:
-        page.goto(f"{url}/?token={TOKEN}")
+        study.settings["completion_url"] = f"{url}/static/style.css?cc={{code}}"  # the port is known only now
+        page.goto(f"{url}/?token={TOKEN}&PROLIFIC_PID=abc123&STUDY_ID=s1&SESSION_ID=x9")
+        page.wait_for_selector("#consent:not([hidden])")
+        assert "token" not in page.url and "abc123" not in page.url  # the token and ids leave the address bar
+        assert "Consent to take part" in page.text_content("#consent-text") and page.is_hidden("#study")
+        snap(page, "consent")
+        page.click("#agree")
         page.wait_for_selector("#messages li.agent")
-        assert "token" not in page.url  # the token leaves the address bar
         assert "Who you are" in page.text_content("#instructions")
+        assert page.text_content("#card-title") == "Your role"
         say(page, "Hi! What is this charity about?")
         say(page, "Interesting, and where does the money go?")
-        if path := os.environ.get("SIMPOP_STUDY_SCREENSHOT"):
-            page.screenshot(path=path, full_page=True)
+        snap(page, "card-persona")
         say(page, "Let me think about it.", reply=False)
         page.wait_for_selector("#survey:not([hidden])")
         assert page.is_hidden("#composer")
+        snap(page, "survey")
         page.get_by_role("button", name="I donate $0.50").click()
         page.wait_for_selector("#rating:not([hidden])")
         assert page.text_content("#status") == "The chat is over."
-        page.check("input[name=naturalness][value='4']")
-        page.check("input[name=again][value='yes']")
-        page.click("#rate")
-        page.wait_for_selector("#next:not([hidden])")
+        snap(page, "rating")
         texts = page.locator("#messages li").all_text_contents()
+        rate(page)
+        page.wait_for_selector("#next:not([hidden])")
         page.click("#next-chat")  # the same participant (kept by the page) meets the other policy
         sync_api.expect(page.locator("#progress")).to_have_text("Chat 2 of 2")
         page.wait_for_selector("#messages li.agent")
+        say(page, "No thanks, I'll pass.", reply=False)
+        rate(page)
+        debrief_code_and_redirect(page, tmp_path / "study")
     study.close()
     first, second = read_chats(tmp_path / "study")
-    assert second.member == first.member and second.trial == 1 and second.error.startswith("Abandoned")
+    assert second.member == first.member and second.trial == 1 and second.info["donation"] == 0.0
     assert {first.extra["study"]["policy"], second.extra["study"]["policy"]} == {"A", "B"}
+    assert set(first.extra["study"]["external"]) == {"participant", "study", "session"}
     record = first
     assert [t["text"] for t in record.transcript if t["seat"] == "persuadee"] == [
         "Hi! What is this charity about?", "Interesting, and where does the money go?", "Let me think about it."]
@@ -93,7 +135,58 @@ def test_chat_survey_ratings_transcript_and_report(page, tmp_path, capsys):
     report = (tmp_path / "study" / "report.md").read_text()
     label = record.extra["study"]["policy"]
     assert f"| {label} | 1 | 0 | 0 | 1 | 1.000 |" in report and "4.000 (n=1)" in report
-    assert "## Paired comparison" in capsys.readouterr().out or "Paired comparison" in report
+    assert "received a completion code" in capsys.readouterr().out or "1 received a completion code" in report
+
+
+def test_self_mode_consent_questionnaire_chat_attention_debrief_code_and_redirect(page, tmp_path):
+    study = make_study(tmp_path / "study", participant_mode="self", bonus=1.0, chats_per_participant=1,
+                       questionnaire=["age", "sex", "ideology"], attention_check=True)
+    with Server(create_app(study, TOKEN, message_rate="20/second")) as url:
+        study.settings["completion_url"] = f"{url}/static/style.css?cc={{code}}"
+        page.goto(f"{url}/?token={TOKEN}&PROLIFIC_PID=self-1")
+        page.click("#agree")
+        page.wait_for_selector("#questionnaire:not([hidden])")
+        page.fill("#q-age", "34")
+        page.select_option("#q-sex", "Female")
+        snap(page, "questionnaire")
+        page.click("#answer")
+        page.wait_for_selector("#messages li.agent")
+        card = page.text_content("#instructions")
+        assert "bonus of $1.00" in card and "Who you are" not in card
+        assert page.text_content("#card-title") == "Your task"
+        say(page, "Hello, who are you?")
+        say(page, "What would my money do?")
+        snap(page, "card-self")
+        say(page, "I need to think.", reply=False)
+        page.wait_for_selector("#survey:not([hidden])")
+        options = page.locator("#survey-options button").all_text_contents()
+        assert options[-1] == "I donate $1.00" and "I donate $2.00" not in options
+        page.get_by_role("button", name="I donate $0.25").click()
+        page.wait_for_selector("#rating:not([hidden])")
+        page.check("input[name=naturalness][value='4']")
+        page.check("input[name=again][value='yes']")
+        page.click("#rate")  # the attention item is required
+        sync_api.expect(page.locator("#notice")).to_have_text("Please answer every question.")
+        rate(page, attention=True)
+        debrief_code_and_redirect(page, tmp_path / "study")
+    study.close()
+    (record,) = read_chats(tmp_path / "study")
+    assert record.info["donation"] == 0.25 and record.success and record.extra["study"]["ratings"]["attention"] == 2
+    (joined, answered, completed) = read_ledger(tmp_path / "study")
+    assert answered["answers"] == {"age": 34.0, "sex": "Female", "ideology": None}
+    assert completed["event"] == "completed"
+
+
+def test_declining_consent_keeps_nothing_but_a_count(page, tmp_path):
+    study = make_study(tmp_path / "study")
+    with Server(create_app(study, TOKEN)) as url:
+        page.goto(f"{url}/?token={TOKEN}&PROLIFIC_PID=no-thanks")
+        page.click("#decline")
+        sync_api.expect(page.locator("#notice")).to_contain_text("Nothing about you was kept")
+        assert page.is_hidden("#study") and page.is_hidden("#consent")
+    study.close()
+    assert sorted(p.name for p in (tmp_path / "study").iterdir()) == ["counts.json", "salt", "study.json"]
+    assert read_counts(tmp_path / "study") == {"declined": 1}
 
 
 @pytest.mark.parametrize("page", [True], indirect=True)
@@ -103,6 +196,7 @@ def test_html_and_script_in_chat_text_show_as_text(page, tmp_path):
     typed = '<script>window.__pwned = 3</script><img src=x onerror="window.__pwned = 4">'
     with Server(create_app(study, TOKEN, message_rate="20/second")) as url:
         page.goto(f"{url}/?token={TOKEN}")
+        page.click("#agree")
         page.wait_for_selector("#messages li.agent")
         say(page, typed)
         items = page.locator("#messages li")

@@ -28,11 +28,12 @@ def test_a_restart_never_repeats_a_participants_assignment(tmp_path):
 
 def test_a_participant_id_and_the_study_token_do_not_take_over_a_chat(served):
     url, _ = served
-    view = httpx.post(f"{url}/api/join", json={"token": TOKEN}, timeout=30).json()
+    view = httpx.post(f"{url}/api/join", json={"token": TOKEN, "consent": True}, timeout=30).json()
     assert len(view["key"]) == 24 and view["key"] != view["participant"]
     stolen = httpx.post(f"{url}/api/join", json={"token": TOKEN, "participant": view["participant"]}, timeout=30)
     assert stolen.status_code == 422
-    guessed = httpx.post(f"{url}/api/join", json={"token": TOKEN, "key": "x" * 24}, timeout=30).json()
+    guessed = httpx.post(f"{url}/api/join", json={"token": TOKEN, "key": "x" * 24, "consent": True},
+                        timeout=30).json()
     assert guessed["participant"] != view["participant"] and guessed["chat"] != view["chat"]
     again = httpx.post(f"{url}/api/join", json={"token": TOKEN, "key": view["key"]}, timeout=30).json()
     assert again["chat"] == view["chat"] and again["participant"] == view["participant"]
@@ -61,7 +62,7 @@ def test_invalid_input_is_described_not_echoed(served):
 
 def test_lone_surrogates_are_refused_with_422(served):
     url, _ = served
-    view = httpx.post(f"{url}/api/join", json={"token": TOKEN}, timeout=30).json()
+    view = httpx.post(f"{url}/api/join", json={"token": TOKEN, "consent": True}, timeout=30).json()
     body = b'{"text": "hi \\ud800 there"}'
     response = httpx.post(f"{url}/api/chat/{view['chat']}/message", content=body,
                           headers={"content-type": "application/json"}, timeout=30)

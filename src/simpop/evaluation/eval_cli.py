@@ -12,7 +12,9 @@ Examples::
 ``--policy`` forms: :mod:`simpop.evaluation.policies`. ``--panel``: a shipped panel's name
 (:mod:`simpop.evaluation.panels`) or a panel YAML file. Outputs and resuming: :mod:`simpop.evaluation.eval_run`.
 With ``--run DIR`` (or a ``run:DIR`` policy) the panel must be held out from that training run's simulators
-(:meth:`~simpop.simulators.population.Panel.check_disjoint`).
+(:meth:`~simpop.simulators.population.Panel.check_disjoint`): a member that is a training simulator is refused; one
+that only shares an axis (a decoding setting, the model or the persona set) is evaluated and the card and the
+report name what it shares; ``--strict-heldout`` refuses any shared axis.
 
 Exit codes: 0 done; 1 every episode failed; 2 bad input (unknown env, panel, policy, unreachable endpoint,
 an ``--out`` holding another evaluation or something else, one another run is writing, a full disk, ...),
@@ -57,6 +59,9 @@ def configure(parser: argparse.ArgumentParser) -> None:
                         help="env constructor argument (YAML value), repeatable, e.g. --env-arg max_turns=4")
     parser.add_argument("--run", type=Path, help="a simpop train run folder: check that the panel is held out from "
                                                  "its simulators (default: the run of a run:DIR policy)")
+    parser.add_argument("--strict-heldout", action="store_true",
+                        help="with a training run: refuse a panel member that shares any axis (persona set, decoding, "
+                             "model) with a training simulator, not only one that is a training simulator")
     parser.add_argument("--temperature", type=number(0, 100), default=0.0, help="text policies' temperature (default 0)")
     parser.add_argument("--top-p", type=number(0, 1, above=True), default=1.0, help="text policies' nucleus mass (default 1)")
     parser.add_argument("--max-new-tokens", type=integer(1, 1_000_000), default=512, help="text policies' reply limit (default 512)")
@@ -159,9 +164,12 @@ def _evaluate(args: argparse.Namespace) -> int:
         run_dir = args.run
         if run_dir is None and args.policy.startswith("run:"):
             run_dir = Path(args.policy[len("run:"):].rpartition("@")[0] or args.policy[len("run:"):])
+        heldout = None
         if run_dir is not None:
-            check_against_run(panel, run_dir, env)
-            print(f"panel {panel.name} is held out from the simulators of {run_dir}")
+            heldout = check_against_run(panel, run_dir, env, strict=args.strict_heldout)
+            from simpop.evaluation.panels import heldout_lines
+
+            print(heldout_lines(panel.name, heldout))
     except setup_errors as error:
         raise _InputError(_one_line(error)) from None
 
@@ -171,7 +179,7 @@ def _evaluate(args: argparse.Namespace) -> int:
         summary = evaluate_panel(args.env, policy, panel, episodes=args.episodes, num_trials=args.num_trials,
                                  seed=args.seed, out=args.out, resume=args.resume, concurrency=args.concurrency,
                                  env_kwargs=kwargs, progress=not args.no_progress, policy_spec=args.policy,
-                                 ray=ray, one_wave=_one_wave(args))
+                                 ray=ray, one_wave=_one_wave(args), heldout=heldout)
     except ValueError as error:  # settings: an --out holding another evaluation, a resume that does not match
         raise _InputError(_one_line(error)) from None
     except OSError as error:  # a full disk, a folder removed under the run: finished chunks are kept
@@ -226,9 +234,11 @@ def load_panel_arg(name_or_path: str, env: Any, env_id: str, backends: Any = Non
     return panel, "\n".join([f"panel {panel.name}: {len(rows)} member(s)", *rows])
 
 
-def check_against_run(panel: Any, run_dir: Path, env: Any) -> None:
-    """Raise PanelOverlapError unless ``panel`` is held out from the simulators of training run ``run_dir``."""
-    from simpop.simulators.population import Population
+def check_against_run(panel: Any, run_dir: Path, env: Any, strict: bool = False) -> dict[str, Any]:
+    """Raise PanelOverlapError unless ``panel`` is held out from the simulators of training run ``run_dir``
+    (``strict``: every axis differs); returns the check for the summary: ``run``, ``strict`` and ``look_alikes``
+    (member label -> what it shares with training)."""
+    from simpop.simulators.population import Population, look_alike_lines
     from simpop.simulators.registry import build_many, build_simulator
 
     info_path = Path(run_dir) / "run.json"
@@ -237,8 +247,8 @@ def check_against_run(panel: Any, run_dir: Path, env: Any) -> None:
     info = json.loads(info_path.read_text())
     if info.get("simulator"):  # simpop train
         training = build_simulator(info["simulator"], env)
-        panel.check_disjoint(training if isinstance(training, Population) else [training])
-        return
+        alike = panel.check_disjoint(training if isinstance(training, Population) else [training], strict=strict)
+        return {"run": str(run_dir), "strict": strict, "look_alikes": look_alike_lines(alike)}
     specs = dict(info.get("simulators") or {})  # an experiment's run: name -> spec
     if info.get("trainer") == "adaptive-pool":  # the pool grew: its members at every kept checkpoint count too
         from simpop import checkpoint
@@ -247,7 +257,8 @@ def check_against_run(panel: Any, run_dir: Path, env: Any) -> None:
             specs.update(checkpoint.load(path, restore_rng=False)[1].get("specs") or {})
     if not specs:
         raise ValueError(f"{info_path} names no training simulator")
-    panel.check_disjoint(build_many(specs, env))
+    alike = panel.check_disjoint(build_many(specs, env), strict=strict)
+    return {"run": str(run_dir), "strict": strict, "look_alikes": look_alike_lines(alike)}
 
 
 def _compare(args: argparse.Namespace) -> int:

@@ -47,9 +47,10 @@ tool's files.
 
 **Outputs** in ``out``: ``eval.json`` (settings), ``episodes.jsonl`` (:class:`~simpop.evaluation.panel.EpisodeRecord`
 per line), ``summary.json`` (overall and per-member success with Wilson 95% intervals, per-task breakdown,
-policy entropy, error counts; τ² envs: pass^k for k = 1..num_trials), ``report.md`` (tables and the panel
-card) and ``success.png`` (success per member with interval bars). τ² envs also get one τ² results file
-per member under ``tau2_results/``.
+policy entropy, error counts; τ² envs: pass^k for k = 1..num_trials; ``heldout_check``: the panel's check against
+a training run, with what each look-alike member shares with it), ``report.md`` (tables and the panel card) and
+``success.png`` (success per member with interval bars). τ² envs also get one τ² results file per member under
+``tau2_results/``.
 
 **Entropy.** Per episode, the policy's own ``entropy([trajectory])`` and what it averages over (decisions
 or generated tokens); overall and per member, the weighted mean. Policies without ``entropy`` report none.
@@ -149,7 +150,7 @@ def evaluate_panel(env_id: str, policy: Any, panel: Panel, *, episodes: int | No
                    num_trials: int | None = None, seed: int = 0, out: str | Path, resume: bool = False,
                    concurrency: int = 8, env_kwargs: Mapping[str, Any] | None = None, progress: bool = False,
                    policy_spec: str | None = None, ray: RayConfig | None = None,
-                   one_wave: bool | None = None) -> dict[str, Any]:
+                   one_wave: bool | None = None, heldout: Mapping[str, Any] | None = None) -> dict[str, Any]:
     """Evaluate ``policy`` on every member of ``panel`` and write the outputs to ``out`` (module docstring).
 
     Args:
@@ -168,6 +169,8 @@ def evaluate_panel(env_id: str, policy: Any, panel: Panel, *, episodes: int | No
         ray: Run the chunks in Ray rollout workers when ``ray.ray`` (same records as locally).
         one_wave: Run every member's share of a chunk in one wave (module docstring; not with ``ray``); None:
             when the policy :func:`draws_nothing` and ``ray`` is off.
+        heldout: The panel's check against a training run (``simpop eval --run``: ``run``, ``strict``,
+            ``look_alikes``), written to the summary (``heldout_check``) and the report's panel card.
 
     Returns:
         The summary (as written to ``summary.json``).
@@ -237,7 +240,7 @@ def evaluate_panel(env_id: str, policy: Any, panel: Panel, *, episodes: int | No
         log.warning("%d episode(s) failed with an error this run; they are recorded with error and success 0",
                     errors)
     log.info("ran %d episode(s) in %.1f s", total - finished, time.perf_counter() - started)
-    return write_outputs(out, settings=settings, plan=plan)
+    return write_outputs(out, settings=settings, plan=plan, heldout=heldout)
 
 
 def draws_nothing(policy: Any) -> bool:
@@ -521,14 +524,16 @@ def append_records(path: str | Path, records: Iterable[EpisodeRecord]) -> None:
 
 
 # ---------------------------------------------------------------------------------------------- outputs
-def write_outputs(out: str | Path, *, settings: Mapping[str, Any],
-                  plan: Sequence[PlannedEpisode]) -> dict[str, Any]:
-    """``summary.json``, ``report.md``, ``success.png`` (and τ² results) from ``episodes.jsonl``."""
+def write_outputs(out: str | Path, *, settings: Mapping[str, Any], plan: Sequence[PlannedEpisode],
+                  heldout: Mapping[str, Any] | None = None) -> dict[str, Any]:
+    """``summary.json``, ``report.md``, ``success.png`` (and τ² results) from ``episodes.jsonl`` (``heldout``: see
+    :func:`evaluate_panel`)."""
     out = Path(out)
     members = dict(settings["members"])
     order = {(m, e.scenario, e.trial): (i, e.index) for i, m in enumerate(members) for e in plan}
     records = sorted((r for r in read_records(out / EPISODES) if r.key in order), key=lambda r: order[r.key])
     summary = summarize(records, members, settings, planned=len(members) * len(plan))
+    summary["heldout_check"] = dict(heldout) if heldout is not None else None
     if summary["tau2"] is not None:
         summary["tau2"].update(_tau2_extras(out, records, members, settings))
     write_atomically(out / SUMMARY, json.dumps(summary, indent=2, sort_keys=True, ensure_ascii=False) + "\n")
@@ -676,8 +681,19 @@ def render_report(summary: Mapping[str, Any]) -> str:
              + (f"{summary['num_trials']} trial(s) of every task" if summary["num_trials"]
                 else f"{summary['episodes_per_member']} episode(s) per member")
              + f". Success with Wilson {int(CI_LEVEL * 100)}% intervals.", "",
-             "## Panel card", "", "| member | spec |", "|---|---|"]
-    lines += [f"| {m} | `{s['spec']}` |" for m, s in summary["members"].items()]
+             "## Panel card", ""]
+    check = summary.get("heldout_check")
+    if check:
+        alike = check["look_alikes"]
+        lines += [f"Held out from the training simulators of `{check['run']}` "
+                  + ("(strict: every axis differs)." if check["strict"] else
+                     "(no member is a training simulator; what a member shares with one is named)."), "",
+                  "| member | spec | shared with training |", "|---|---|---|"]
+        lines += [f"| {m} | `{s['spec']}` | {'; '.join(alike.get(m, [])) or '-'} |"
+                  for m, s in summary["members"].items()]
+    else:
+        lines += ["| member | spec |", "|---|---|"]
+        lines += [f"| {m} | `{s['spec']}` |" for m, s in summary["members"].items()]
     lines += ["", "## Success", "",
               "| member | episodes | successes | success | 95% CI | errors | invalid actions | mean reward | entropy |",
               "|---|---:|---:|---:|---|---:|---:|---:|---:|"]

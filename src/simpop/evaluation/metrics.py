@@ -117,6 +117,38 @@ def student_t_quantile(q: float, df: int) -> float:
     return float(t.ppf(q, df))
 
 
+#: The most pairs :func:`pairs_needed` searches.
+MAX_PAIRS = 10_000
+
+
+def paired_power(pairs: int, difference: float, sd: float, alpha: float) -> float:
+    """Power of a two-sided paired t-test at level ``alpha`` over ``pairs`` pairs to detect ``difference``, the
+    pairs' differences having standard deviation ``sd`` (noncentral t)."""
+    from scipy import stats
+
+    if pairs < 2:
+        return 0.0
+    if sd <= 0:
+        return 1.0
+    df, shift = pairs - 1, difference * math.sqrt(pairs) / sd
+    critical = stats.t.ppf(1 - alpha / 2, df)
+    exact = float(stats.nct.sf(critical, df, shift) + stats.nct.cdf(-critical, df, shift))
+    # scipy's noncentral t gives NaN far in its tail (large shifts): there the normal approximation is exact enough
+    return exact if math.isfinite(exact) else float(stats.norm.sf(critical - shift) + stats.norm.cdf(-critical - shift))
+
+
+def pairs_needed(difference: float, sd: float, alpha: float, target: float = 0.8) -> int:
+    """The fewest pairs (>= 2) with which :func:`paired_power` reaches ``target`` (:data:`MAX_PAIRS` + 1: never)."""
+    low, high = 2, MAX_PAIRS + 1
+    while low < high:  # power rises with pairs
+        mid = (low + high) // 2
+        if paired_power(mid, difference, sd, alpha) >= target:
+            high = mid
+        else:
+            low = mid + 1
+    return low
+
+
 def categorical_entropy(probs: np.ndarray) -> np.ndarray:
     """Entropy (nats) of each row of a probability matrix (``0 log 0 = 0``)."""
     p = np.asarray(probs, dtype=float)

@@ -219,7 +219,7 @@ def run_one(config: AdaptiveConfig, condition: str, seed: int, out: Path, resume
         env = make(ENV_ID, **env_kwargs)
         heldout = conditions.build_panel(config.collapse_config(), env)
         trainer = build_trainer(condition, config, seed, env, heldout)
-        heldout.check_disjoint([trainer.training_simulator])
+        heldout.check_disjoint([trainer.training_simulator], strict=True)
         eval_seed = 1_000_003 + seed
         batch = config.grpo.batch_size
         envs = EnvPool(lambda: make(ENV_ID, **env_kwargs))  # one set of envs for every evaluation

@@ -1,5 +1,5 @@
-"""``simpop experiment collapse``: the main job (see :mod:`simpop.experiments.collapse`); also ``adaptive`` and
-``monitor``. ``--report-to`` (TRL's tracker names, :mod:`simpop.evaluation.trackers`) logs every (condition, seed)
+"""``simpop experiment collapse``: the main job (see :mod:`simpop.experiments.collapse`); also ``adaptive``,
+``monitor`` and ``defaults`` (:mod:`simpop.experiments.defaults`). ``--report-to`` (TRL's tracker names, :mod:`simpop.evaluation.trackers`) logs every (condition, seed)
 run to TensorBoard (the default) or Weights & Biases (one W&B run each, grouped by the output folder's name, and
 one more, ``report``, with the report's plots)."""
 
@@ -36,6 +36,7 @@ def configure(parser: argparse.ArgumentParser) -> None:
     add_report_to(p)
     add_arguments(p, CollapseConfig)
     configure_adaptive(sub)
+    configure_defaults(sub)
 
 
 def configure_adaptive(sub: Any) -> None:
@@ -65,6 +66,21 @@ def configure_adaptive(sub: Any) -> None:
     add_arguments(m, MonitorCalibrationConfig)
 
 
+def configure_defaults(sub: Any) -> None:
+    """``simpop experiment defaults`` (:mod:`simpop.experiments.defaults`)."""
+    from simpop.experiments.defaults import DefaultsConfig
+    from simpop.train.config import add_arguments
+
+    p = sub.add_parser("defaults", help="the pre-registered grid that picks simpop train's defaults (act level)",
+                       description="Run the GRPO and PPO grids of docs/defaults-study.md over the seeds, evaluate each "
+                                   "run on the held-out panel before and after training, apply the rule, and write "
+                                   "summary.json and table.md.")
+    p.add_argument("--out", type=Path, default=Path("runs/defaults"), help="output folder (default runs/defaults)")
+    p.add_argument("--resume", action="store_true", help="continue the grid in --out; finished runs are skipped")
+    p.add_argument("--config", type=Path, default=None, help="YAML file of DefaultsConfig fields (flags win)")
+    add_arguments(p, DefaultsConfig)
+
+
 def add_report_to(parser: argparse.ArgumentParser) -> None:
     """The ``--report-to`` flag of an experiment."""
     from simpop.evaluation.trackers import report_to_flag
@@ -89,6 +105,8 @@ def _run(args: argparse.Namespace, held: contextlib.ExitStack) -> int:
 
     if args.experiment in ("adaptive", "monitor"):
         return run_adaptive(args, held)
+    if args.experiment == "defaults":
+        return run_defaults(args, held)
 
     try:  # setup errors are the user's to fix: one line naming the field or flag, exit code 2
         if args.config is not None and not Path(args.config).is_file():
@@ -139,6 +157,29 @@ def run_adaptive(args: argparse.Namespace, held: contextlib.ExitStack) -> int:
         return finish(args, lambda: adaptive(config, args.out, resume=args.resume, progress=not args.quiet,
                                              report_to=args.report_to))
     return finish(args, lambda: run_calibration(config, args.out, resume=args.resume, report_to=args.report_to))
+
+
+def run_defaults(args: argparse.Namespace, held: contextlib.ExitStack) -> int:
+    """``simpop experiment defaults``, holding ``--out``'s writer lock in ``held``."""
+    from simpop.experiments.defaults import DefaultsConfig, run_defaults as grid
+    from simpop.files import run_lock
+    from simpop.train.cli import check_out_dir, resolve_panel
+    from simpop.train.config import build
+
+    try:
+        if args.config is not None and not Path(args.config).is_file():
+            raise ValueError(f"--config {args.config}: no such file")
+        config = build(DefaultsConfig, args, yaml_path=args.config)
+        resolve_panel(config.panel, config.env)  # a named panel of the env
+        check_out_dir(args.out)
+        held.enter_context(run_lock(args.out))
+        if not args.resume and (args.out / "summary.json").exists():
+            raise ValueError(f"--out {args.out} already holds a grid: pass --resume to continue it, or choose another "
+                             f"--out")
+    except (ValueError, TypeError, OSError) as error:
+        print(f"simpop experiment defaults: error: {error}", file=sys.stderr)
+        return 2
+    return finish(args, lambda: grid(config, args.out))
 
 
 def finish(args: argparse.Namespace, experiment: Callable[[], Path]) -> int:

@@ -130,10 +130,10 @@ def run_one(config: CollapseConfig, condition: str, seed: int, out: Path, resume
         trainer = build_trainer(condition, config, seed, env, backends)
         backends = on_policy_server(backends, trainer.policy)  # the panels' LLM members generate there too
         panel = build_panel(config, env, backends)
-        panel.check_disjoint([trainer.training_simulator], shared_model=shared_model_members(config))
+        panel.check_disjoint([trainer.training_simulator], shared_model=shared_model_members(config), strict=True)
         extras = {name: build_panel(config, env, backends, name) for name in extra_panels(config)}
         for extra in extras.values():
-            extra.check_disjoint([trainer.training_simulator])
+            extra.check_disjoint([trainer.training_simulator], strict=True)
         eval_seed = 1_000_003 + seed  # the same dialogues at every evaluation, for every condition
         pool = EnvPool(lambda: make(config.env_id, **config.env_kwargs()))  # one set of envs for every evaluation
         cost = Cost()

@@ -64,8 +64,8 @@ LEVEL_DEFAULTS: dict[str, dict[str, Any]] = {
 
 def default_grpo(level: str) -> GRPOConfig:
     """The policy trainer's settings at ``level`` when the experiment names none (the seed is set per run)."""
-    if level == "act":
-        return GRPOConfig(group_size=8, scenarios_per_update=8, max_new_tokens=24)
+    if level == "act":  # lr 1e-2: the act-level rate every recorded collapse result used (GRPOConfig's is 3e-3)
+        return GRPOConfig(group_size=8, scenarios_per_update=8, max_new_tokens=24, lr=1e-2)
     # 16 updates is a short run: a LoRA learning rate of 5e-4 (GRPOConfig's LoRA default is 1e-4), set before
     # any text-level result was seen.
     return GRPOConfig(group_size=4, scenarios_per_update=4, max_new_tokens=24, lr=5e-4)

@@ -27,12 +27,16 @@ from typing import Any
 
 import numpy as np
 
+# The paired t-test's power lives in simpop.evaluation.metrics (``simpop study plan`` uses it too); re-exported.
+from simpop.evaluation.metrics import MAX_PAIRS as MAX_SEEDS
+from simpop.evaluation.metrics import paired_power as power  # noqa: F401
+from simpop.evaluation.metrics import pairs_needed as seeds_needed
+
 #: Panels a summary can hold (metric name -> the panel's name in the plan).
 PANEL_METRICS = {"human_success": "human", "heldout_success": "heldout", "robust_success": "robust",
                  "corpus_success": "corpus"}
 #: Multiples of the pilot's evaluation dialogues that the plan prices.
 EVAL_MULTIPLES = (1, 2, 4, 8)
-MAX_SEEDS = 10_000
 
 
 @dataclass(frozen=True)
@@ -115,33 +119,6 @@ def variances(summaries: Sequence[dict[str, Any]]) -> list[Variance]:
     if not out:
         raise ValueError("the pilots hold no condition paired with frozen over two or more seeds")
     return out
-
-
-def power(seeds: int, difference: float, sd: float, alpha: float) -> float:
-    """Power of a two-sided paired t-test at level ``alpha`` over ``seeds`` pairs to detect ``difference``."""
-    from scipy import stats
-
-    if seeds < 2:
-        return 0.0
-    if sd <= 0:
-        return 1.0
-    df, shift = seeds - 1, difference * math.sqrt(seeds) / sd
-    critical = stats.t.ppf(1 - alpha / 2, df)
-    exact = float(stats.nct.sf(critical, df, shift) + stats.nct.cdf(-critical, df, shift))
-    # scipy's noncentral t gives NaN far in its tail (large shifts): there the normal approximation is exact enough
-    return exact if math.isfinite(exact) else float(stats.norm.sf(critical - shift) + stats.norm.cdf(-critical - shift))
-
-
-def seeds_needed(difference: float, sd: float, alpha: float, target: float = 0.8) -> int:
-    """The fewest seeds (>= 2) with which :func:`power` reaches ``target`` (:data:`MAX_SEEDS` + 1: never)."""
-    low, high = 2, MAX_SEEDS + 1
-    while low < high:  # power rises with seeds
-        mid = (low + high) // 2
-        if power(mid, difference, sd, alpha) >= target:
-            high = mid
-        else:
-            low = mid + 1
-    return low
 
 
 def plan(pilots: Sequence[str | Path], difference: float, comparisons: int, alpha: float = 0.05,

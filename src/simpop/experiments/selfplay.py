@@ -46,7 +46,7 @@ def run(condition: str, seed: int, updates: int, rotate_every: int, episodes: in
     from simpop.train.selfplay import SelfPlayConfig, SelfPlayTrainer
 
     env = simpop.make(ENV)
-    grpo = GRPOConfig(group_size=8, scenarios_per_update=8, seed=seed)
+    grpo = GRPOConfig(group_size=8, scenarios_per_update=8, lr=1e-2, seed=seed)  # the recorded results' rate
     policy = build_policy(env, ModelConfig(), seed=seed)
     if condition == "self":
         trainer: Any = SelfPlayTrainer(ENV, policy, "self", grpo, SelfPlayConfig(user_reward="opposed"))
@@ -58,7 +58,7 @@ def run(condition: str, seed: int, updates: int, rotate_every: int, episodes: in
               "secondary": Panel(build_many(SECONDARY, env), name="shuffled-heldout")}
     if condition != "self":
         for panel in panels.values():
-            panel.check_disjoint([trainer.training_simulator])
+            panel.check_disjoint([trainer.training_simulator], strict=True)
 
     def success() -> dict[str, float]:
         out = {}

@@ -28,6 +28,15 @@ seat only and never sees the simulator's turns except as the user's replies.
   in ``simpop serve``'s error shape, never echoing what a response cannot carry (or an error frame on a
   WebSocket), and the server keeps serving. ``docs/limits.md`` lists every bound.
 
+- **Model calls** (:class:`ModelCalls`). Sessions whose simulators use a model step in worker threads. In-process
+  models (``smollm2``, ``transformers:...``): the replies that concurrent sessions wait for are gathered into one
+  batched backend call (``simpop serve``'s :class:`~simpop.serve.batching.MicroBatcher`: at most ``max_batch``
+  rows, the oldest waiting at most ``batch_window_s``); greedy replies equal the unbatched ones, and a seeded
+  sampling call runs alone, so a session's sampling does not depend on the others. Other in-process model work
+  (survey scoring, LoRA simulators' adapters) runs one session at a time, beside the batches. Served models (``openai:``,
+  ``vllm:``) are called concurrently, at most ``max_inflight`` calls per server. A session that disconnects, or
+  whose call fails, leaves its batch mates' replies alone.
+
 - **Token ids**, for text envs on a server started with a tokenizer (``--tokenizer MODEL``, the policy's
   model): ``reset`` returns the policy's first prompt as ``token_ids`` (system prompt = the env's
   instructions); a step that sends the ids the policy generated (``SimpopAction.token_ids``; the message
@@ -41,6 +50,7 @@ seat only and never sees the simulator's turns except as the user's replies.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import functools
 import itertools
 import json
@@ -48,7 +58,8 @@ import re
 import socket
 import threading
 import uuid
-from collections.abc import Callable, Mapping, MutableMapping, Sequence
+from collections.abc import Callable, Iterator, Mapping, MutableMapping, Sequence
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -63,6 +74,7 @@ except ImportError as error:  # pragma: no cover - exercised only without the ex
     raise ImportError("the OpenEnv server needs the openenv package: pip install simpop[openenv]") from error
 
 from simpop.agents.base import Generation
+from simpop.serve.batching import MicroBatcher
 from simpop.serve.http import HeadTimeoutProtocol, RequestGate, UvicornThread, error_body, replay_body
 from simpop.envs.registration import make
 from simpop.envs.wrappers import UserSeat
@@ -122,6 +134,138 @@ class SessionClosed(RuntimeError):
     ``openenv/session/close`` sent from another connection): its slot has gone to another session."""
 
 
+# ================================================================================ model calls
+class ModelCalls:
+    """How concurrent sessions share the simulators' backends (the module docstring's "Model calls").
+
+    A session's step runs in a worker thread holding :attr:`lock`, so in-process model work outside batches (survey
+    scoring, LoRA adapters) is one session's at a time; the thread lets the lock go while it waits for a batched
+    generation (run on the batcher's model thread, beside such work: inference only reads the weights) or a served
+    model's answer.
+
+    Args:
+        max_batch: Most rows in one batched in-process generation.
+        batch_window_s: How long the oldest waiting generation waits for batch mates.
+        max_inflight: Most calls in flight at once to one model server (``base_url``).
+    """
+
+    def __init__(self, max_batch: int = 32, batch_window_s: float = 0.02, max_inflight: int = 64):
+        if max_batch < 1 or max_inflight < 1 or batch_window_s < 0:
+            raise ValueError(f"need max_batch >= 1, max_inflight >= 1 and batch_window_s >= 0, got {max_batch}, "
+                             f"{max_inflight} and {batch_window_s}")
+        self.max_batch, self.batch_window_s, self.max_inflight = max_batch, batch_window_s, max_inflight
+        self.max_threads = 32  # sessions stepping at once (the server sets its --max-sessions)
+        self.lock = threading.Lock()
+        self._local = threading.local()  # whether this thread holds the lock for a session's step
+        self._loop: asyncio.AbstractEventLoop | None = None
+        self._threads: ThreadPoolExecutor | None = None
+        self._batchers: dict[int, MicroBatcher] = {}  # id(backend) -> its batcher on the server's loop
+        self._servers: dict[str, threading.BoundedSemaphore] = {}  # base_url -> its in-flight bound
+        self._servers_lock = threading.Lock()
+
+    def wrap(self, key: str, backend: Any) -> Any:
+        """What sessions' simulators get for the backend loaded under ``key``: in-process models batched, served
+        ones bounded; LoRA backends (``trainable:...``, whose active adapter is shared state) as they are."""
+        if key.startswith("trainable:") or not callable(getattr(backend, "generate", None)):
+            return backend
+        return SharedBackend(backend, self)
+
+    async def run(self, work: Callable[[], SimpopObservation]) -> SimpopObservation:
+        """``work()`` (a session's reset or step) in a worker thread holding :attr:`lock`."""
+        loop = asyncio.get_running_loop()
+        if loop is not self._loop:  # a new server loop: batchers bind to the loop they run on
+            for batcher in self._batchers.values():
+                batcher.close()
+            if self._threads is not None:
+                self._threads.shutdown(wait=False)
+            self._loop, self._batchers = loop, {}
+            self._threads = ThreadPoolExecutor(self.max_threads, thread_name_prefix="simpop-openenv-session")
+        return await loop.run_in_executor(self._threads, self._holding_lock, work)
+
+    def _holding_lock(self, work: Callable[[], SimpopObservation]) -> SimpopObservation:
+        with self.lock:
+            self._local.held = True
+            try:
+                return work()
+            finally:
+                self._local.held = False
+
+    @contextlib.contextmanager
+    def _released(self) -> Iterator[None]:
+        """Let this session thread's lock go for the duration (a no-op outside a session's step)."""
+        if not getattr(self._local, "held", False):
+            yield
+            return
+        self._local.held = False
+        self.lock.release()
+        try:
+            yield
+        finally:
+            self.lock.acquire()
+            self._local.held = True
+
+    def generate(self, backend: Any, method: str, inputs: list[Any], params: Any) -> list[Generation]:
+        """``backend.<method>(inputs, params)``: batched with other sessions' calls from a session's step, else
+        directly, holding the lock."""
+        loop = self._loop
+        if not getattr(self._local, "held", False) or loop is None or loop.is_closed():
+            with self.lock if not getattr(self._local, "held", False) else contextlib.nullcontext():
+                return getattr(backend, method)(inputs, params)
+        with self._released():
+            return asyncio.run_coroutine_threadsafe(self._batched(backend, method, inputs, params), loop).result()
+
+    async def _batched(self, backend: Any, method: str, inputs: list[Any], params: Any) -> list[Generation]:
+        batcher = self._batchers.get(id(backend))
+        if batcher is None:
+            batcher = self._batchers[id(backend)] = MicroBatcher(backend, self.max_batch, self.batch_window_s)
+        return await batcher.generate(method, inputs, params)
+
+    def served(self, base_url: str, call: Callable[..., Any], *args: Any, **kwargs: Any) -> Any:
+        """``call(*args, **kwargs)`` on a model server: without the lock, at most ``max_inflight`` per server."""
+        with self._servers_lock:
+            bound = self._servers.setdefault(base_url, threading.BoundedSemaphore(self.max_inflight))
+        with self._released(), bound:
+            return call(*args, **kwargs)
+
+    @property
+    def batches(self) -> int:
+        """Batched in-process generations made on the current server loop."""
+        return sum(batcher.batches for batcher in self._batchers.values())
+
+
+class SharedBackend:
+    """A backend as the sessions' simulators see it (:meth:`ModelCalls.wrap`): generation of an in-process model
+    joins a batch, every call to a served model (it has a ``base_url``) goes out concurrently within the server's
+    bound; other attributes are the backend's own."""
+
+    def __init__(self, backend: Any, calls: ModelCalls):
+        self.backend, self.calls = backend, calls
+        self.base_url: str | None = getattr(backend, "base_url", None)
+
+    def __getattr__(self, name: str) -> Any:
+        value = getattr(self.backend, name)
+        if self.base_url is not None:
+            if callable(value) and not name.startswith("_") and not asyncio.iscoroutinefunction(value):
+                return functools.partial(self.calls.served, self.base_url, value)
+        elif name in ("generate", "generate_ids"):
+            return functools.partial(self.calls.generate, self.backend, name)
+        return value
+
+
+class SharedBackends(dict):
+    """The model spec -> backend cache of a :class:`UserSeatSource`: what it holds is wrapped for the sessions
+    (:meth:`ModelCalls.wrap`) as it is loaded."""
+
+    def __init__(self, calls: ModelCalls, loaded: Mapping[str, Any]):
+        super().__init__()
+        self.calls = calls
+        for key, backend in loaded.items():
+            self[key] = backend
+
+    def __setitem__(self, key: str, backend: Any) -> None:
+        super().__setitem__(key, self.calls.wrap(key, backend))
+
+
 # ================================================================================ the user seat
 class UserSeatSource:
     """Builds what fills the user seat of each new session.
@@ -134,23 +278,24 @@ class UserSeatSource:
         backends: Model -> backend cache shared by every session's simulators (an LLM loads once).
         tokenizer: A token backend (``encode_chat``, ``tokenizer``) whose chat template renders token ids for
             clients that send theirs (text envs; see :class:`SimpopObservation`).
+        calls: How sessions share the backends (default :class:`ModelCalls()`).
     """
 
     def __init__(self, env_id: str, simulators: Sequence[str] = (), panel: str | None = None,
-                 env_kwargs: dict[str, Any] | None = None, backends: MutableMapping[str, Any] | None = None,
-                 tokenizer: Any = None):
+                 env_kwargs: dict[str, Any] | None = None, backends: Mapping[str, Any] | None = None,
+                 tokenizer: Any = None, calls: ModelCalls | None = None):
         if (panel is None) == (not simulators):
             raise ValueError("give simulator specs or a panel, not both or neither")
         self.env_id, self.simulators, self.panel = env_id, tuple(simulators), panel
         self.env_kwargs = dict(env_kwargs or {})
-        self.backends = backends if backends is not None else {}
+        self.calls = calls or ModelCalls()
+        self.backends: MutableMapping[str, Any] = SharedBackends(self.calls, backends or {})
         if tokenizer is not None and not hasattr(tokenizer, "tokenizer"):
             raise ValueError(f"the server tokenizer must be a token backend with a tokenizer (e.g. load_backend("
                              f"'smollm2')), got {type(tokenizer).__name__}")
         self.chat_delta = None if tokenizer is None else ChatDelta(tokenizer)
         self.decoder: Any = None if tokenizer is None else tokenizer.tokenizer  # decodes a step's token_ids
         self.build_lock = threading.Lock()  # backends load once even when sessions start together
-        self.model_lock = threading.Lock()  # one model call at a time on the shared backends
         with self.build_lock:  # fail now (unknown env id or arguments, bad specs or panel), not in the first session
             self.build(make(env_id, **self.env_kwargs))
 
@@ -280,28 +425,22 @@ class SimpopEnvironment(Environment[SimpopAction, SimpopObservation, SimpopState
 
     # OpenEnv awaits these when a subclass overrides them. Without a model backend (native and act-level
     # simulators) a step takes well under a millisecond: it runs on the event loop, sparing the thread
-    # hand-off of OpenEnv's sync path. Model-backed simulators run in a worker thread, one model call at a
-    # time (sessions share the model, and a LoRA simulator switches its adapter on it), so one session's
-    # generation never holds up the event loop.
+    # hand-off of OpenEnv's sync path. Model-backed simulators run in a worker thread (ModelCalls), so one
+    # session's generation never holds up the event loop, and concurrent sessions' generations batch.
     async def reset_async(self, seed: int | None = None, episode_id: str | None = None,
                           **kwargs: Any) -> SimpopObservation:
-        """:meth:`reset`, in a worker thread when the simulators use a model (one model call at a time)."""
+        """:meth:`reset`, in a worker thread when the simulators use a model (:class:`ModelCalls`)."""
         return await self._run(self.reset, seed=seed, episode_id=episode_id, **kwargs)
 
     async def step_async(self, action: SimpopAction, timeout_s: float | None = None,
                          **kwargs: Any) -> SimpopObservation:
-        """:meth:`step`, in a worker thread when the simulators use a model (one model call at a time)."""
+        """:meth:`step`, in a worker thread when the simulators use a model (:class:`ModelCalls`)."""
         return await self._run(self.step, action, timeout_s, **kwargs)
 
     async def _run(self, method: Callable[..., SimpopObservation], *args: Any, **kwargs: Any) -> SimpopObservation:
         if not self.source.backends:
             return method(*args, **kwargs)
-
-        def serialized() -> SimpopObservation:
-            with self.source.model_lock:
-                return method(*args, **kwargs)
-
-        return await asyncio.to_thread(serialized)
+        return await self.source.calls.run(functools.partial(method, *args, **kwargs))
 
     @property
     def state(self) -> SimpopState:
@@ -423,6 +562,7 @@ def _gated_app(source: UserSeatSource, limits: ServerLimits, api_key: str | None
     from starlette.exceptions import HTTPException
 
     factory = environment or functools.partial(SimpopEnvironment, source)
+    source.calls.max_threads = limits.max_sessions  # each session has at most one step under way
     # OpenEnv's idle reaper is off (session_timeout=None): it freed a quiet WebSocket session's slot but left its
     # socket stepping, so the cap did not hold. SessionGate closes the idle socket instead, and its session with it.
     app = create_app(factory, SimpopAction, SimpopObservation, env_name=source.env_id, state_cls=SimpopState,
@@ -698,8 +838,10 @@ class OpenEnvServer:
 
 def make_server(source: UserSeatSource, host: str = "127.0.0.1", port: int = 8000, *,
                 limits: ServerLimits | None = None, api_key: str | None = None, log_requests: bool = False,
-                environment: Callable[[], SimpopEnvironment] | None = None) -> OpenEnvServer:
-    """Bind an OpenEnv server for ``source`` (port 0 picks a free port); call ``serve_forever`` or ``start``."""
+                environment: Callable[[], SimpopEnvironment] | None = None, reuse_port: bool = False) -> OpenEnvServer:
+    """Bind an OpenEnv server for ``source`` (port 0 picks a free port); call ``serve_forever`` or ``start``.
+    ``reuse_port``: share the port with other processes' servers (``SO_REUSEPORT``; the kernel spreads new
+    connections over them, ``simpop openenv serve --workers``)."""
     limits = limits or ServerLimits()
     holder: list[OpenEnvServer] = []
 
@@ -707,7 +849,23 @@ def make_server(source: UserSeatSource, host: str = "127.0.0.1", port: int = 800
         holder[0].rejected += 1
 
     app, sessions = _gated_app(source, limits, api_key, count, environment)
-    sock = socket.create_server((host, port), family=socket.AF_INET6 if ":" in host else socket.AF_INET,
-                                backlog=4096)
+    sock = socket.create_server((host, port), family=_family(host), backlog=4096, reuse_port=reuse_port)
     holder.append(OpenEnvServer(app, sock, limits, log_requests, sessions))
     return holder[0]
+
+
+def _family(host: str) -> socket.AddressFamily:
+    return socket.AF_INET6 if ":" in host else socket.AF_INET
+
+
+def reserve_port(host: str, port: int) -> socket.socket:
+    """A socket bound to ``host:port`` with ``SO_REUSEPORT`` but not listening: it holds the port (port 0: a free
+    one) for workers that serve it (``make_server(..., reuse_port=True)``) and receives no connections itself."""
+    sock = socket.socket(_family(host), socket.SOCK_STREAM)
+    sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEPORT, 1)
+    try:
+        sock.bind((host, port))
+    except OSError:
+        sock.close()
+        raise
+    return sock

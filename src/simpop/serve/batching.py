@@ -1,4 +1,8 @@
-"""Micro-batching for ``simpop serve``: concurrent requests with the same settings become one backend call.
+"""Micro-batching for ``simpop serve`` and the OpenEnv server: concurrent requests with the same settings become one
+backend call.
+
+The oldest pending job leads the next batch, so none waits behind later arrivals. Seeded sampling runs as a batch of
+its own (a backend samples a batch with one generator); greedy jobs batch whatever their seed.
 
 A job whose request is cancelled (its client disconnected, or the server is shutting down) leaves the queue;
 when every job of the running batch is gone, the backend's ``stop_event`` (if it has one, as
@@ -10,6 +14,7 @@ from __future__ import annotations
 
 import asyncio
 import collections
+import dataclasses
 import logging
 import threading
 from concurrent.futures import ThreadPoolExecutor
@@ -30,9 +35,14 @@ class _Job:
     future: asyncio.Future
 
     @property
+    def alone(self) -> bool:
+        """Seeded sampling batches with nothing else: its output must not depend on its batch mates (a greedy
+        job's seed changes nothing, so it batches)."""
+        return self.params.seed is not None and not self.params.greedy
+
+    @property
     def key(self) -> object:
-        # Seeded jobs batch with nothing else: their output must not depend on their batch mates.
-        return (self.method, self.params) if self.params.seed is None else self
+        return self if self.alone else (self.method, dataclasses.replace(self.params, seed=None))
 
 
 class MicroBatcher:
@@ -102,7 +112,7 @@ class MicroBatcher:
                 self._wake.clear()
                 await self._wake.wait()
             first = self._pending[0]
-            deadline = first.arrived + (self.window_s if first.params.seed is None else 0.0)
+            deadline = first.arrived + (0.0 if first.alone else self.window_s)
             while self._rows(first.key) < self.max_batch and loop.time() < deadline:
                 self._wake.clear()
                 try:

@@ -11,8 +11,9 @@ One round (:func:`generate`):
    strings, so this generic module imports no benchmark);
 3. **check**: every proposal is built through the one registry and must round-trip
    (``build_simulator(str(sim.spec)).spec == sim.spec``), be held out from the panel the policy is judged on
-   (:meth:`~simpop.simulators.population.Panel.check_disjoint`, and no persona shared with a panel member: not a
-   copy of a held-out member), and be new to the pool; rejects are counted by reason, never raised;
+   (:meth:`~simpop.simulators.population.Panel.check_disjoint`, strict: every axis differs; and no persona shared
+   with a panel member: not a copy of a held-out member), and be new to the pool; rejects are counted by reason,
+   never raised;
 4. **add** the survivors to the training :class:`~simpop.simulators.population.Population`.
 
 Text-level models write with :class:`DescriptionWriter` (any backend: the embedded SmolLM2 by default): it asks
@@ -172,7 +173,7 @@ def check(simulator: Simulator, env: Any, panel: Panel | None, shared_model: Col
         return "duplicate_spec"
     if panel is not None:
         try:
-            panel.check_disjoint([simulator], shared_model=shared_model)
+            panel.check_disjoint([simulator], shared_model=shared_model, strict=True)
         except PanelOverlapError:
             return "not_held_out"
         if shares_persona(simulator, panel):

@@ -6,8 +6,9 @@
   which the ``prioritised`` rule uses.
 - :class:`CheckpointPool` is a population of frozen snapshots of one trainable simulator, bounded in
   size (the oldest leaves first) and sampled with more weight on recent snapshots.
-- :class:`Panel` is a named set of simulators that training never sees; it checks that it is
-  disjoint from the training simulators (see :meth:`Panel.check_disjoint` for the exact rule).
+- :class:`Panel` is a named set of simulators that training never sees; it refuses a member that is a training
+  simulator (a leak) and names members that only share an axis with one (look-alikes); a strict option refuses
+  any shared axis (see :meth:`Panel.check_disjoint` for the exact rules).
 
 A population also tracks what each member contributes to training (:meth:`Population.record_groups`,
 :meth:`Population.contributions`): the share of its dialogues that sat in *informative* GRPO groups (rewards
@@ -427,6 +428,51 @@ def leaf_simulators(simulators: Sequence[Simulator]) -> list[Simulator]:
     return leaves
 
 
+#: Spec settings (``extra``) that choose a model's parameters along with its name (the act-level persuadee's
+#: held-out, shuffled and fitted models: :func:`simpop.envs.persuasion.simulators.model_params`).
+MODEL_SETTINGS = ("jitter", "model_seed", "corpus")
+
+
+def model_key(spec: SimulatorSpec) -> tuple[str, tuple[tuple[str, Any], ...]]:
+    """The model parameters a spec plays, comparable (:meth:`Panel.check_disjoint`'s "same model"): the model of
+    the innermost wrapped spec, without a LoRA adapter suffix (``M+lora:A`` -> ``M``), with its
+    :data:`MODEL_SETTINGS`."""
+    while True:
+        try:
+            spec = spec.inner()
+        except (ValueError, KeyError):  # not a wrapper (or a kind no string builds: population, custom)
+            break
+    extra = dict(spec.extra)
+    return spec.model.partition("+lora:")[0], tuple((k, extra[k]) for k in MODEL_SETTINGS if k in extra)
+
+
+@dataclass(frozen=True)
+class LookAlike:
+    """A held-out panel member that shares axes with a training simulator without being it
+    (:meth:`Panel.check_disjoint`): it is evaluated, and the panel card and the report name what it shares.
+
+    Attributes:
+        member: The panel member's label.
+        training: The training simulator's name.
+        shared: What they share, e.g. ``("decoding settings {'decoding': 'sample', 'temperature': 0.8}",)``.
+    """
+
+    member: str
+    training: str
+    shared: tuple[str, ...]
+
+    def __str__(self) -> str:
+        return f"shares {' and '.join(self.shared)} with training simulator {self.training!r}"
+
+
+def look_alike_lines(look_alikes: Sequence[LookAlike]) -> dict[str, list[str]]:
+    """Panel member label -> what it shares with training (one line per training simulator), for cards."""
+    lines: dict[str, list[str]] = {}
+    for item in look_alikes:
+        lines.setdefault(item.member, []).append(str(item))
+    return lines
+
+
 class PanelOverlapError(ValueError):
     """A held-out panel member is not held out from training (see :meth:`Panel.check_disjoint`)."""
 
@@ -446,11 +492,12 @@ class Panel:
     Args:
         members: Simulators (named by their ``name``) or a name -> simulator mapping.
         name: The panel's name in reports.
-        training: If given, :meth:`check_disjoint` runs at construction.
+        training: If given, :meth:`check_disjoint` runs at construction (its look-alikes: :attr:`look_alikes`).
+        strict: Check ``training`` by the all-axes rule (:meth:`check_disjoint`).
     """
 
     def __init__(self, members: Sequence[Simulator] | Mapping[str, Simulator], name: str = "heldout",
-                 training: Population | Sequence[Simulator] | None = None):
+                 training: Population | Sequence[Simulator] | None = None, strict: bool = False):
         items = dict(members) if isinstance(members, Mapping) else {m.name: m for m in members}
         if not isinstance(members, Mapping) and len(items) != len(members):
             raise ValueError("panel members need distinct names")
@@ -461,8 +508,7 @@ class Panel:
             check_name(member, "panel member")
         self.name = name
         self.members: dict[str, Simulator] = items
-        if training is not None:
-            self.check_disjoint(training)
+        self.look_alikes = [] if training is None else self.check_disjoint(training, strict=strict)
 
     def __iter__(self) -> Iterator[tuple[str, Simulator]]:
         return iter(self.members.items())
@@ -473,43 +519,66 @@ class Panel:
     def __getitem__(self, name: str) -> Simulator:
         return self.members[name]
 
-    def check_disjoint(self, training: Population | Sequence[Simulator], shared_model: Collection[str] = ()) -> None:
-        """Raise :class:`PanelOverlapError` unless every panel member is held out from training.
+    def check_disjoint(self, training: Population | Sequence[Simulator], shared_model: Collection[str] = (), *,
+                       strict: bool = False) -> list[LookAlike]:
+        """Raise :class:`PanelOverlapError` for a panel member that leaks training; return the look-alikes.
 
-        Populations on either side are expanded to their concrete members. A panel member ``P`` is
-        held out from the training simulators ``T_1..T_n`` when all of these hold:
+        Populations on either side are expanded to their concrete members. For a panel member ``P`` and each
+        training simulator ``T``:
 
-        1. **not trained on**: ``P`` is none of the ``T_j`` (the same object) and no ``T_j`` has a spec
-           equal to ``P``'s (the same simulator built twice);
-        2. **persona**: ``P.spec.personas`` differs from every ``T_j.spec.personas``;
-        3. **decoding**: ``P.spec.decoding`` differs from every ``T_j.spec.decoding`` (exact equality of
-           all decoding settings counts as shared);
-        4. **model**: ``P.spec.model`` is not the model of every ``T_j`` (with one training model, ``P``
-           must use another; when training mixes models, ``P`` may share one of them), unless ``P``'s label is
-           in ``shared_model`` (e.g. an LLM member when only one LLM is available: it is then held out by
-           persona and decoding alone, which a report must say).
+        - **leak** (refused): ``P`` is ``T`` (the same object), has a spec equal to ``T``'s (the same simulator
+          built twice), or plays the same model parameters (:func:`model_key`) with the same persona set,
+          whatever the decoding: then it is ``T`` sampled another way.
+        - **look-alike** (evaluated, returned): ``P`` shares an axis with ``T`` but is no leak: the decoding
+          settings (all equal), the model (when the personas differ) or the persona set (when the model
+          differs). Each :class:`LookAlike` names the shared axes, for the panel card and the report.
+
+        **Same model parameters** (:func:`model_key`): the spec's model once wrappers are removed and with the
+        settings that choose parameters. The act-level persuadee's model is its parameter-set name (``base``,
+        ``heldout-<i>``, ``shuffled-<i>``, ``fitted-<i>``) with :data:`MODEL_SETTINGS` (``jitter``,
+        ``model_seed``, ``corpus``); an LLM's is its model name or path (``frozen:``, ``verbalized:`` and
+        ``trainable:`` over one LLM share it: verbalized sampling is a decoding, and a trainable simulator's
+        ``+lora:<adapter>`` starts at the base weights and is anchored to them); a wrapper spec
+        (``verbalized:persuadee:M``, ``trainable:persuadee:M``) plays its inner model ``M`` (a trainable
+        simulator's starting point, which its KL anchor keeps it near).
+
+        With ``strict`` (the all-axes rule) every shared axis is refused: ``P`` must differ from every ``T`` in
+        persona set and decoding, and must not use the model of every ``T`` (when training mixes models it may
+        share one of them) unless its label is in ``shared_model`` (e.g. an LLM member when only one LLM is
+        available: held out by persona and decoding alone, which a report must say).
         """
         train = leaf_simulators([training] if isinstance(training, Population) else list(training))
         if not train:
             raise PanelOverlapError("no training simulators to check the panel against")
-        problems = []
+        problems, alike = [], []
         for label, simulator in self.members.items():
             for p in leaf_simulators([simulator]):
-                ps = p.spec
+                ps, pk = p.spec, model_key(p.spec)
                 for t in train:
-                    ts = t.spec
+                    ts, tk = t.spec, model_key(t.spec)
                     if p is t or ps == ts:
                         problems.append(f"{label}: {p.name!r} is also a training simulator ({t.name!r})")
                         continue
-                    if ps.personas == ts.personas:
-                        problems.append(f"{label}: {p.name!r} shares persona set {ps.personas!r} with training "
-                                        f"simulator {t.name!r}")
-                    if ps.decoding == ts.decoding:
-                        problems.append(f"{label}: {p.name!r} shares decoding settings {dict(ps.decoding)} with "
-                                        f"training simulator {t.name!r}")
-                if label not in shared_model and all(ps.model == t.spec.model for t in train):
+                    if pk == tk and ps.personas == ts.personas:
+                        problems.append(f"{label}: {p.name!r} plays the model and persona set of training simulator "
+                                        f"{t.name!r} ({ps.model!r}, {ps.personas!r}): only its decoding differs")
+                        continue
+                    described = {"persona set": f"persona set {ps.personas!r}",
+                                 "decoding": f"decoding settings {dict(ps.decoding)}", "model": f"model {ps.model!r}"}
+                    axes = [axis for axis, same in (("persona set", ps.personas == ts.personas),
+                                                    ("decoding", ps.decoding == ts.decoding), ("model", pk == tk))
+                            if same]
+                    if strict:
+                        problems += [f"{label}: {p.name!r} shares {described[axis]} with training simulator "
+                                     f"{t.name!r}" for axis in axes if axis != "model"]
+                    elif axes:
+                        alike.append(LookAlike(label, t.name, tuple(described[axis] for axis in axes)))
+                if strict and label not in shared_model and all(pk == model_key(t.spec) for t in train):
                     problems.append(f"{label}: {p.name!r} uses model {ps.model!r}, the model of every training "
                                     f"simulator")
         if problems:
+            advice = ("Give held-out simulators another persona set, decoding and model." if strict else
+                      "Give held-out simulators another model or persona set (sharing one is reported, not refused).")
             raise PanelOverlapError(f"panel {self.name!r} is not held out from training:\n  " + "\n  ".join(problems)
-                                    + "\nGive held-out simulators another persona set, decoding and model.")
+                                    + "\n" + advice)
+        return alike

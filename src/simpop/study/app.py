@@ -2,14 +2,24 @@
 
 Routes (JSON unless said otherwise):
 
-- ``GET /``: the page (``static/index.html``; ``?token=...`` joins). ``GET /static/*``: its script and style.
-- ``POST /api/join`` ``{token, key?}``: the study token is required (403 otherwise); returns the participant's
-  id, their secret key (kept by the page, sent to join again) and the chat's view. Limited per client address.
+- ``GET /``: the page (``static/index.html``; ``?token=...`` joins, with the platform's ids in the query too).
+  ``GET /static/*``: its script and style.
+- ``POST /api/study`` ``{token}``: what the page shows before the chats: the consent text, the participant mode,
+  the questionnaire's items, the attention item. ``POST /api/decline`` ``{token}``: the visitor declined
+  consent; only a count is kept.
+- ``POST /api/join`` ``{token, key?, consent, params?}``: the study token is required (403 otherwise); a new
+  participant must have consented (428 otherwise); ``params`` is the join URL's query, from which the platform
+  ids are read (:data:`~simpop.study.study.ID_PARAMS`). Returns the participant's id, their secret key (kept
+  by the page, sent to join again) and either ``stage: "questionnaire"`` or the chat's view. Limited per
+  client address.
+- ``POST /api/questionnaire`` ``{key, answers}``: the questionnaire's answers (before the first chat).
 - ``GET /api/chat/{id}?wait=1``: the chat's view, waiting up to ``reply_timeout_s`` for the person's turn
   (at most ``max_waits_per_chat`` such waits per chat at once; more: 429).
 - ``POST /api/chat/{id}/message`` ``{text}``: the person's message (or survey answer); returns the view once
   the policy has answered. At most ``max_message_chars`` characters; rate-limited per chat.
-- ``POST /api/chat/{id}/rating`` ``{naturalness: 1..5, would_talk_again: bool}``: saves the chat.
+- ``POST /api/chat/{id}/rating`` ``{naturalness: 1..5, would_talk_again: bool, attention?: 1..5}``: saves the
+  chat (``attention``, the instructed-response item, is required when the study asks it).
+- ``POST /api/finish`` ``{key}``: after the last chat, the debrief text, the completion code and the redirect.
 
 A chat id (144 random bits) is the capability for its chat, a participant key (144 random bits) for the
 participant's chats; the pseudonymous participant id (32 bits) grants nothing. Responses carry a strict
@@ -46,7 +56,8 @@ from limits.strategies import MovingWindowRateLimiter
 from pydantic import BaseModel, ConfigDict, Field, StringConstraints
 
 from simpop.serve.http import RequestGate
-from simpop.study.study import Study, StudyError
+from simpop.study.modes import QUESTIONS
+from simpop.study.study import ATTENTION_ITEM, Study, StudyError
 
 STATIC = Path(__file__).with_name("static")
 #: Requests with a larger body are refused before they are read (413).
@@ -64,11 +75,35 @@ SECURITY_HEADERS = {
 ParticipantKey = Annotated[str, StringConstraints(pattern=r"^[A-Za-z0-9_-]{24}$")]
 
 
-class JoinRequest(BaseModel):
-    """``POST /api/join``: the study token, and the participant id when rejoining."""
+Token = Annotated[str, StringConstraints(min_length=1, max_length=200)]
+QueryName = Annotated[str, StringConstraints(min_length=1, max_length=64)]
+QueryValue = Annotated[str, StringConstraints(max_length=200)]
+
+
+class TokenRequest(BaseModel):
+    """``POST /api/study``, ``POST /api/decline``: the study token."""
     model_config = ConfigDict(extra="forbid")
-    token: Annotated[str, StringConstraints(min_length=1, max_length=200)]
+    token: Token
+
+
+class JoinRequest(BaseModel):
+    """``POST /api/join``: the study token, the participant's key when rejoining, consent, the join URL's query."""
+    model_config = ConfigDict(extra="forbid")
+    token: Token
     key: ParticipantKey | None = None
+    consent: bool = False
+    params: Annotated[dict[QueryName, QueryValue], Field(max_length=20)] = {}
+
+
+class KeyRequest(BaseModel):
+    """``POST /api/finish``: the participant's key."""
+    model_config = ConfigDict(extra="forbid")
+    key: ParticipantKey
+
+
+class QuestionnaireRequest(KeyRequest):
+    """``POST /api/questionnaire``: the participant's key and answers (item -> option, or age as a number)."""
+    answers: Annotated[dict[QueryName, str | float | None], Field(max_length=20)]
 
 
 class RatingRequest(BaseModel):
@@ -76,6 +111,7 @@ class RatingRequest(BaseModel):
     model_config = ConfigDict(extra="forbid")
     naturalness: int = Field(ge=1, le=5, description="How natural the agent sounded, 1 (not at all) to 5 (very)")
     would_talk_again: bool = Field(description="Would talk to this agent again")
+    attention: int | None = Field(None, ge=1, le=5, description="The instructed-response item's answer")
 
 
 def create_app(study: Study, token: str, *, max_message_chars: int = 1000, message_rate: str = "1/second;20/minute",
@@ -169,19 +205,60 @@ def create_app(study: Study, token: str, *, max_message_chars: int = 1000, messa
     def chat_view(chat) -> dict[str, Any]:
         return {**chat.view(), "max_message_chars": max_message_chars}
 
+    def check_token(given: str, request: Request) -> None:
+        limit(join_limits, "join", request.client.host if request.client else "?")
+        if not secrets.compare_digest(given.encode(), token.encode()):
+            raise HTTPException(403, "wrong study token: use the link the researcher gave you")
+
+    def external_ids(params: dict[str, str]) -> dict[str, str]:
+        names = study.settings["id_params"]
+        return {kind: value for kind in names
+                if (value := next((params[n].strip() for n in names[kind] if params.get(n, "").strip()), None))}
+
     @app.get("/", include_in_schema=False)
     async def page() -> FileResponse:
         return FileResponse(STATIC / "index.html", media_type="text/html")
 
+    @app.post("/api/study")
+    async def describe(body: TokenRequest, request: Request) -> dict[str, Any]:
+        check_token(body.token, request)
+        settings = study.settings
+        return {"consent": settings["consent"] or "", "mode": settings["participant_mode"],
+                "chats": settings["chats_per_participant"],
+                "questionnaire": [{"name": name, "question": QUESTIONS[name][0], "options": list(QUESTIONS[name][1])}
+                                  for name in settings["questionnaire"]],
+                "attention": ATTENTION_ITEM[0] if settings["attention_check"] else None}
+
+    @app.post("/api/decline")
+    async def decline(body: TokenRequest, request: Request) -> dict[str, Any]:
+        check_token(body.token, request)
+        study.decline()
+        return {"declined": True}
+
     @app.post("/api/join")
     async def join(body: JoinRequest, request: Request) -> dict[str, Any]:
-        limit(join_limits, "join", request.client.host if request.client else "?")
-        if not secrets.compare_digest(body.token.encode(), token.encode()):
-            raise HTTPException(403, "wrong study token: use the link the researcher gave you")
-        chat = await run_in_threadpool(study.join, body.key)  # saves swept chats, builds an env: brief
+        check_token(body.token, request)
+        key = body.key
+        if study.participant_of(key) is None:
+            if not body.consent:
+                raise HTTPException(428, "please read the consent page and agree before you start")
+            _, key = await run_in_threadpool(study.register, external_ids(body.params))
+        participant = study.participant_of(key)
+        chats = study.settings["chats_per_participant"]
+        if study.needs_questionnaire(participant):
+            return {"participant": participant, "key": key, "chats": chats, "stage": "questionnaire"}
+        chat = await run_in_threadpool(study.join, key)  # saves swept chats, builds an env: brief
         await wait_turn(chat)
-        return {"participant": chat.participant, "key": chat.key, "chats": study.settings["chats_per_participant"],
-                **chat_view(chat)}
+        return {"participant": chat.participant, "key": chat.key, "chats": chats, "stage": "chat", **chat_view(chat)}
+
+    @app.post("/api/questionnaire")
+    def questionnaire(body: QuestionnaireRequest) -> dict[str, Any]:
+        study.answer(body.key, body.answers)
+        return {"saved": True}
+
+    @app.post("/api/finish")
+    def finish(body: KeyRequest) -> dict[str, Any]:
+        return study.finish(body.key)
 
     @app.get("/api/chat/{chat_id}")
     async def show(chat_id: str, wait: bool = False) -> dict[str, Any]:
@@ -205,7 +282,12 @@ def create_app(study: Study, token: str, *, max_message_chars: int = 1000, messa
     @app.post("/api/chat/{chat_id}/rating")
     def rating(chat_id: str, body: RatingRequest) -> dict[str, Any]:
         chat = study.chat(chat_id)
-        study.rate(chat, body.model_dump())
+        ratings = body.model_dump()
+        if not study.settings["attention_check"]:
+            del ratings["attention"]
+        elif ratings["attention"] is None:
+            raise StudyError("please answer every question", 422)
+        study.rate(chat, ratings)
         return {"saved": True, "remaining": study.settings["chats_per_participant"] - chat.number - 1}
 
     return app

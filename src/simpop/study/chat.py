@@ -27,6 +27,7 @@ import numpy as np
 from simpop.evaluation.panel import EpisodeRecord, begin_wave, episode_record, transcript_of
 from simpop.rollout import Job, RolloutEngine
 from simpop.seat import survey_of
+from simpop.study import modes
 from simpop.study.human import Abandoned, HumanSeat
 
 log = logging.getLogger(__name__)
@@ -77,7 +78,8 @@ def key_digest(key: str) -> str:
     return hashlib.sha256(key.encode()).hexdigest()
 
 
-def _now() -> str:
+def now() -> str:
+    """The time now, UTC, to the second (ISO 8601)."""
     return datetime.now(UTC).isoformat(timespec="seconds")
 
 
@@ -96,17 +98,21 @@ class Chat:
         seed: The env reset seed.
         make_env: Builds the env.
         idle_timeout_s: How long the seat waits for the person before the chat is abandoned.
+        bonus: Self mode (:mod:`.modes`): the person's own bonus, shown on the card instead of the persona; None
+            in persona mode.
     """
 
     def __init__(self, *, chat_id: str, participant: str, key: str, participant_index: int, number: int, index: int,
-                 arm: Arm, scenario: str, seed: int, make_env: Callable[[], Any], idle_timeout_s: float):
+                 arm: Arm, scenario: str, seed: int, make_env: Callable[[], Any], idle_timeout_s: float,
+                 bonus: float | None = None):
         self.id, self.participant, self.key, self.participant_index = chat_id, participant, key, participant_index
         self.number, self.index, self.arm, self.scenario, self.seed = number, index, arm, scenario, seed
+        self.bonus = bonus
         self.seat = HumanSeat(idle_timeout_s)
         self.env = make_env()
         self.record: EpisodeRecord | None = None
         self.saved = False
-        self.timings: dict[str, Any] = {"joined": _now()}
+        self.timings: dict[str, Any] = {"joined": now()}
         self._ended_at: float | None = None
         self._thread = threading.Thread(target=self._run, name=f"study-chat-{index}", daemon=True)
 
@@ -134,7 +140,7 @@ class Chat:
                                    error=f"{ABANDONED if abandoned else type(error).__name__}: {error}",
                                    policy_turns=sum(t["seat"] == self.env.policy_seat for t in transcript))
         record.simulator = self.seat.name
-        self.timings.update(ended=_now(), chat_s=round(time.monotonic() - started, 3),
+        self.timings.update(ended=now(), chat_s=round(time.monotonic() - started, 3),
                             policy_s=round(engine.stats.policy_s, 3), human_s=round(sum(self.seat.turn_s), 3),
                             human_turn_s=[round(s, 3) for s in self.seat.turn_s])
         self._ended_at = time.monotonic()
@@ -195,6 +201,10 @@ class Chat:
             messages = parsed.get("messages", [])
             turn, error = "you", parsed.get("error")
             instructions = parsed.get("instructions") or ""
+            if self.bonus is not None:
+                instructions = modes.self_card(self.bonus)
+                if survey is not None:
+                    survey = modes.self_survey(survey, self.bonus)
         else:
             survey, error = None, None
             messages = self.env.chat_view(self.env.user_seat) if self.env.scenario is not None else []
@@ -206,6 +216,8 @@ class Chat:
                 "abandoned": self.abandoned, "rated": self.saved}
 
     def _instructions(self) -> str:
+        if self.bonus is not None:
+            return modes.self_card(self.bonus)
         scenario = self.env.scenario
         return scenario.user_instructions() if scenario is not None else ""
 
@@ -213,12 +225,20 @@ class Chat:
         """The finished record with the study's data (``extra["study"]``); ``ratings`` None when not given."""
         if self.record is None:
             raise RuntimeError("the chat is still running")
-        self.timings.setdefault("rated", _now() if ratings is not None else None)
+        self.timings.setdefault("rated", now() if ratings is not None else None)
         self.record.extra["study"] = {"participant": self.participant, "participant_index": self.participant_index,
                                       "key_sha256": key_digest(self.key),
                                       "chat": self.number, "policy": self.arm.label, "policy_spec": self.arm.spec,
-                                      "ratings": ratings, "timings": self.timings}
+                                      "ratings": ratings, "timings": self.timings, "effort": self._effort()}
         return self.record
+
+    def _effort(self) -> dict[str, Any]:
+        """The person's effort in this chat: messages, their lengths, seconds spent typing."""
+        lengths = [len(t["text"]) for t in (self.record.transcript if self.record else [])
+                   if t["seat"] == self.env.user_seat]
+        return {"messages": len(lengths), "chars": sum(lengths),
+                "mean_chars": round(sum(lengths) / len(lengths), 1) if lengths else 0.0,
+                "human_s": round(sum(self.seat.turn_s), 3)}
 
 
 def _speaker(role: Any) -> str:

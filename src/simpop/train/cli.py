@@ -22,11 +22,16 @@ A trainer is one entry of :data:`TRAINERS`: its config classes (every field of e
 names are disjoint within a trainer, argparse refuses a clash) and a ``build`` function. The run folder
 gets ``config.yaml`` (every config, by section; reusable with ``--config``, which also takes a flat
 mapping), ``run.json`` (trainer, env, simulator, env arguments, panel: a named panel's name or the panel
-file's absolute path, evaluation episodes), ``metrics.jsonl``, checkpoints under ``checkpoints/``
+file's absolute path, evaluation episodes, the panel's held-out check with what each look-alike member shares with
+training), ``metrics.jsonl``, checkpoints under ``checkpoints/``
 (:func:`simpop.train.loop.run`) and what ``--report-to`` chooses: TensorBoard events under ``tb/`` (the default),
 a Weights & Biases run (``wandb``), both (``tensorboard,wandb``) or neither (``none``). A run holds the folder's
 writer lock (:func:`simpop.files.run_lock`) from before it writes there to its end, so a second command on it (a
 ``--resume`` while the run lives) is refused with one line.
+
+A run whose every GRPO group had equal rewards for :data:`~simpop.train.monitor.NO_GRADIENT_WINDOW` updates in a
+row (no gradient) logs one warning line with what to change and a ``no_gradient_warning`` record
+(:class:`~simpop.train.monitor.NoGradientWatch`), and the summary printed at the end repeats it.
 
 When the loop finishes, the final policy is exported to ``final/`` (:func:`simpop.agents.export.export_policy`;
 ``--no-export`` skips it): a text policy as a standard HF model folder (a LoRA adapter merged into the base,
@@ -131,6 +136,9 @@ def configure(parser: argparse.ArgumentParser) -> None:
         run.add_argument("--panel", help="held-out simulators to evaluate on every --eval-every updates: a named "
                                          "panel (simpop.evaluation.panels, e.g. p4g-act-v1) or a panel YAML file "
                                          "(see simpop.simulators.registry)")
+        run.add_argument("--strict-heldout", action="store_true",
+                         help="refuse a --panel member that shares any axis (persona set, decoding, model) with the "
+                              "training simulator, not only one that is a training simulator (Panel.check_disjoint)")
         run.add_argument("--eval-episodes", type=integer(1, 100_000), default=32, help="dialogues per panel member and evaluation")
         run.add_argument("--updates", type=integer(0, 1_000_000_000), required=True, help="total number of updates of the run")
         run.add_argument("--out", type=Path, required=True, help="run folder (metrics, checkpoints, config)")
@@ -179,13 +187,14 @@ def _run(args: argparse.Namespace, held: contextlib.ExitStack) -> int:
         check_simulator_fits(spec, env, args.env)
         panel = resolve_panel(args.panel, args.env) if args.panel else ""
         trainer = _load(entry.build)(args.env, env, spec, configs, kwargs)
-        evaluate = panel_evaluation(args, env, trainer, kwargs, panel) if panel else None
+        evaluate, heldout = panel_evaluation(args, env, trainer, kwargs, panel) if panel else (None, None)
         trainer, probe, grow = monitor_hooks(args, env, trainer, kwargs, configs["loop"], panel)
         held.enter_context(run_lock(args.out))  # one writer per run folder, before it is touched
         try:
             prepare_run_dir(args.out, args.resume, configs, {"trainer": args.trainer, "env": args.env,
                                                              "simulator": spec, "env_kwargs": kwargs, "panel": panel,
                                                              "eval_episodes": args.eval_episodes,
+                                                             **({"heldout_check": heldout} if heldout else {}),
                                                              **_model_dtype(trainer)})
         except OSError as error:
             raise ValueError(f"--out {args.out}: cannot write the run folder ({error})") from None
@@ -196,6 +205,7 @@ def _run(args: argparse.Namespace, held: contextlib.ExitStack) -> int:
         return 2
     from simpop.evaluation.trackers import TrackerError
     from simpop.train.loop import run as run_loop
+    from simpop.train.monitor import no_gradient_note
 
     try:
         history = run_loop(trainer, args.updates, args.out, config=configs["loop"], resume=args.resume,
@@ -220,6 +230,9 @@ def _run(args: argparse.Namespace, held: contextlib.ExitStack) -> int:
         last = history[-1]
         print(f"{args.out}: update {trainer.update_count}/{args.updates}  "
               + "  ".join(f"{k}={last[k]:.4g}" for k in entry.summary if k in last))
+    if note := no_gradient_note([json.loads(line) for line in (args.out / "metrics.jsonl").read_text().splitlines()
+                                 if line.strip()]):
+        print(f"{args.out}: {note}")
     if not args.no_export and (history or not (args.out / "final").exists()):
         try:
             export_final(trainer, args)
@@ -364,18 +377,20 @@ def resolve_panel(panel: str, env_id: str) -> str:
 
 
 def panel_evaluation(args: argparse.Namespace, env: Any, trainer: Any, kwargs: dict[str, Any], panel_ref: str):
-    """``evaluate(step)``: success on the ``--panel`` members and on the training simulator, policy entropy."""
+    """``(evaluate, heldout)``: ``evaluate(step)`` gives success on the ``--panel`` members and on the training
+    simulator, and policy entropy; ``heldout`` is the panel's check against the training simulator (``--strict-
+    heldout``: every axis differs), printed here and kept in ``run.json`` (None for a trainer without one)."""
     from simpop.envs.registration import make
     from simpop.evaluation.panel import EnvPool, evaluate
-    from simpop.evaluation.panels import load_named_panel, named_panels
-    from simpop.simulators.registry import load_panel
+    from simpop.evaluation.panels import heldout_lines
+    from simpop.simulators.population import look_alike_lines
 
-    if panel_ref in named_panels():
-        panel = load_named_panel(panel_ref, env, env_id=args.env)
-    else:
-        panel = load_panel(panel_ref, env)
+    panel = load_any_panel(panel_ref, env, args.env)
+    heldout = None
     if trainer.training_simulator is not None:
-        panel.check_disjoint([trainer.training_simulator])
+        alike = panel.check_disjoint([trainer.training_simulator], strict=args.strict_heldout)
+        heldout = {"run": str(args.out), "strict": args.strict_heldout, "look_alikes": look_alike_lines(alike)}
+        print(heldout_lines(panel.name, heldout))
 
     pool = EnvPool(lambda: make(args.env, **kwargs))  # one set of envs for every evaluation
 
@@ -388,7 +403,7 @@ def panel_evaluation(args: argparse.Namespace, env: Any, trainer: Any, kwargs: d
                 "collapse_gap": train.success - held.success, "policy_entropy": held.entropy,
                 **{f"heldout/{k}": v for k, v in held.per_member.items()}}
 
-    return evaluation
+    return evaluation, heldout
 
 
 def load_any_panel(ref: str, env: Any, env_id: str):
@@ -561,7 +576,8 @@ def prepare_run_dir(out: Path, resume: bool, configs: dict[str, Any], run_info: 
             if saved_info.get("panel") and "eval_episodes" not in saved_info:
                 saved_info["panel"] = str(Path(saved_info["panel"]).expanduser().resolve())
             # model_dtype is what --dtype auto resolved to on the machine: a resume may run elsewhere.
-            compared = [k for k in run_info if k in saved_info and k != "model_dtype"]
+            # heldout_check follows from the compared panel and simulator (and --strict-heldout, which may change).
+            compared = [k for k in run_info if k in saved_info and k not in ("model_dtype", "heldout_check")]
             if {k: run_info[k] for k in compared} != {k: saved_info[k] for k in compared}:
                 raise ValueError(f"--resume with a different env/simulator/panel than the run in {out}: "
                                  f"{saved_info} vs {run_info}; use the same flags or a new --out")

@@ -53,6 +53,9 @@ from simpop.validation import check_fields
 # =================================================================================== configuration
 #: Most dialogues one update may collect (each holds an env and its trajectory in memory until the update).
 MAX_BATCH_SIZE = 16_384
+#: The learning rate ``GRPOConfig.lr=None`` picks: act-level policies (chosen by the rule of docs/defaults-study.md),
+#: LoRA adapters and full fine-tuning of an LLM.
+DEFAULT_LR = {"act": 3e-3, "lora": 1e-4, "full": 1e-5}
 
 
 @dataclass(frozen=True)
@@ -63,9 +66,10 @@ class GRPOConfig:
         algorithm: The variant's hooks (:data:`simpop.train.objectives.ALGORITHMS`): ``grpo``, ``dr_grpo``,
             ``dapo`` or ``reinforce_pp``.
         group_size: Dialogues per scenario in one update (G); advantages compare them. At least 2.
-        scenarios_per_update: Scenarios (groups) per update; the batch is ``group_size`` times this.
-        lr: Adam learning rate; None picks 1e-2 for act-level policies, 1e-4 with LoRA, 1e-5 for full
-            fine-tuning of an LLM.
+        scenarios_per_update: Scenarios (groups) per update; the batch is ``group_size`` times this. The
+            default 8 x 8 and the act-level ``lr`` are the picks of docs/defaults-study.md.
+        lr: Adam learning rate; None picks :data:`DEFAULT_LR`: 3e-3 for act-level policies, 1e-4 with LoRA,
+            1e-5 for full fine-tuning of an LLM.
         clip_eps: Lower ratio clip: the ratio is clipped to [1 - clip_eps, 1 + clip_eps_high]; None uses the
             algorithm's (0.2).
         clip_eps_high: Upper ratio clip; None uses the algorithm's (0.2; DAPO's clip-higher: 0.28).
@@ -93,8 +97,8 @@ class GRPOConfig:
     """
 
     algorithm: str = "grpo"
-    group_size: int = 4
-    scenarios_per_update: int = 4
+    group_size: int = 8
+    scenarios_per_update: int = 8
     lr: float | None = None
     clip_eps: float | None = None
     clip_eps_high: float | None = None
@@ -224,7 +228,7 @@ class GRPOTrainer:
             raise ValueError("the policy has no trainable weights: build TransformersBackend(trainable=True) for "
                              "full fine-tuning, or LLMPolicy(..., lora=True)")
         self.objective = config.objective()
-        lr = config.lr or (1e-4 if self.text and policy.lora else 1e-5 if self.text else 1e-2)
+        lr = config.lr or DEFAULT_LR["lora" if self.text and policy.lora else "full" if self.text else "act"]
         self.optimizer = torch.optim.Adam(list(policy.parameters()), lr=lr)
         self.reference = (copy.deepcopy(policy).requires_grad_(False)
                           if isinstance(policy, ActPolicy) and config.kl_coef > 0 else None)

@@ -18,6 +18,11 @@ newest checkpoint continues exactly as an uninterrupted one (the log is cut back
 global RNG states are restored with it); a corrupted newest checkpoint is skipped, with a warning naming it, for
 the newest intact one.
 
+Every run also watches for updates with no gradient (:class:`~simpop.train.monitor.NoGradientWatch`: every GRPO
+group's rewards equal for :data:`~simpop.train.monitor.NO_GRADIENT_WINDOW` updates in a row): one warning line and a
+``"no_gradient_warning"`` record per such episode; its state is checkpointed, so a resumed run neither repeats nor
+loses the warning.
+
 With ``LoopConfig(monitor=True)`` and a ``probe``, a :class:`~simpop.train.monitor.CollapseMonitor` watches every
 update and every probe (each ``probe_every`` updates: records of kind ``"probe"``); when it fires it logs a
 ``"collapse_warning"`` record and acts by ``on_collapse``: ``warn`` (only that), ``stop`` (checkpoint and end the
@@ -119,6 +124,7 @@ Probe = Callable[[int], dict[str, float]]
 #: ``grow(step, warning_record) -> record``: what ``on_collapse="add-simulators"`` calls (what it added, logged).
 Grow = Callable[[int, dict[str, Any]], dict[str, Any]]
 _MONITOR_KEY = "collapse_monitor"
+_NO_GRADIENT_KEY = "no_gradient_watch"
 
 
 def write_run_card(run_dir: str | Path, info: dict[str, Any], model: Any, grpo: Any) -> None:
@@ -197,11 +203,16 @@ def run(trainer: Trainer, updates: int, run_dir: str | Path | None = None, *, co
         raise ValueError("the collapse monitor needs a probe panel (probe=..., simpop train --probe-panel)")
     if monitor is not None and config.on_collapse == "add-simulators" and grow is None:
         raise ValueError("on_collapse='add-simulators' needs grow=... (a failure-driven simulator generator)")
+    from simpop.train.monitor import NO_GRADIENT_KIND, NoGradientWatch
+
+    no_gradient = NoGradientWatch()
     run_dir = Path(run_dir) if run_dir is not None else None
     start, resumed = 0, False
     if resume and run_dir is not None and (found := checkpoint.load_latest(run_dir)) is not None:
         _, start, state = found
         monitor_state = state.pop(_MONITOR_KEY, None)
+        if (watch_state := state.pop(_NO_GRADIENT_KEY, None)) is not None:
+            no_gradient.load_state_dict(watch_state)
         trainer.load_state_dict(state)
         if monitor is not None and monitor_state is not None:
             monitor.load_state_dict(monitor_state)
@@ -222,6 +233,8 @@ def run(trainer: Trainer, updates: int, run_dir: str | Path | None = None, *, co
     def save(step: int) -> None:
         if run_dir is not None:
             state = trainer.state_dict()
+            if no_gradient.streak:  # saved only inside a run of no-gradient updates (fresh otherwise)
+                state = {**state, _NO_GRADIENT_KEY: no_gradient.state_dict()}
             if monitor is not None:
                 state = {**state, _MONITOR_KEY: monitor.state_dict()}
             checkpoint.save(run_dir, step, state, keep=config.keep_checkpoints)
@@ -256,6 +269,8 @@ def run(trainer: Trainer, updates: int, run_dir: str | Path | None = None, *, co
                 metrics.update(monitor.observe_update(step, metrics))
             history.append(metrics)
             log(step, {"kind": "train", **metrics})
+            if (warning := no_gradient.observe(step, metrics)) is not None:
+                log(step, {"kind": NO_GRADIENT_KIND, **warning})
             stop = watch(step)
             evaluated = evaluate is not None and (step % config.eval_every == 0 or step == updates or stop)
             if evaluate is not None and evaluated:

@@ -40,6 +40,12 @@ is the ``persistence``-th (2) suspicious probe in a row; it then stays fired (on
 record (``collapse_warning``: 1, the indicators that held) goes to ``metrics.jsonl`` / TensorBoard, the log
 (``logging.warning``) and the run's report.
 
+**No gradient** (on by default, no probe needed). The ``zero_var`` signal at its extreme: an update whose every
+group has equal rewards (``zero_var_frac`` 1.0) gives the policy no gradient. :class:`NoGradientWatch` (run by the
+loop for every trainer) warns when that lasts :data:`NO_GRADIENT_WINDOW` updates in a row: one ``logging`` line
+saying what to change, and a ``no_gradient_warning`` record in ``metrics.jsonl`` (its first update, ``since``); once
+per episode (an update with signal ends one). Trainers without groups (PPO) log no ``zero_var_frac`` and never warn.
+
 **Calibration** (``simpop experiment monitor``, :mod:`simpop.experiments.adaptive`) measures the rule's lead
 time on the act-level collapse experiment's frozen condition and its false alarms on the verbalized and
 co-training conditions; ``docs/adaptive.md`` has the numbers and discloses any change made after seeing them.
@@ -63,6 +69,19 @@ from simpop.validation import check_fields
 
 log = logging.getLogger(__name__)
 
+#: The per-update signal of degenerate groups: the share of GRPO groups whose rewards are all equal.
+ZERO_VAR = "zero_var_frac"
+#: Updates in a row at ``zero_var_frac`` 1.0 before :class:`NoGradientWatch` warns. A policy with success ``p``
+#: per dialogue has all ``S`` groups of ``G`` equal in one update with probability ``(p**G + (1-p)**G)**S``: at
+#: ``p`` = 5% and 4 x 4 that is 0.44, ten updates in a row 3e-4, so a policy that still succeeds now and then is
+#: not flagged, while a 200-update run that has stopped learning hears so within 5% of its length.
+NO_GRADIENT_WINDOW = 10
+#: The ``metrics.jsonl`` record kind of a :class:`NoGradientWatch` warning.
+NO_GRADIENT_KIND = "no_gradient_warning"
+#: What to change, from what ``simpop train``'s GRPO-family trainers offer.
+NO_GRADIENT_ADVICE = ("pass a larger batch (--group-size, --scenarios-per-update: some group then likely sees "
+                      "differing rewards), --algorithm dapo (refills such groups) or --kl-coef > 0 (pulls the policy "
+                      "back toward its start)")
 #: What the loop does when the monitor fires.
 ON_COLLAPSE = ("warn", "stop", "add-simulators")
 INDICATORS = ("gap", "zero_var", "entropy", "stall", "spread")
@@ -162,7 +181,7 @@ class CollapseMonitor:
         self._since_probe = []
         mean = lambda key: float(np.mean([m[key] for m in recent if key in m])) if any(  # noqa: E731
             key in m for m in recent) else math.nan
-        train, zero_var = mean("success"), mean("zero_var_frac")
+        train, zero_var = mean("success"), mean(ZERO_VAR)
         values = [float(v) for v in probe_per_member.values()]
         probe, spread = float(np.mean(values)), float(np.std(values))
         self._probe.append(probe)
@@ -222,6 +241,62 @@ class CollapseMonitor:
         self._train_at_probe = list(state["train_at_probe"])
         self._probe = list(state["probe"])
         self._streak = int(state["streak"])
+
+
+@dataclass
+class NoGradientWatch:
+    """Warns once per episode of updates with no gradient (module docstring, **No gradient**).
+
+    Attributes:
+        window: Updates in a row at ``zero_var_frac`` 1.0 that make an episode.
+        since: The first update of the current run of such updates (None outside one).
+        streak: Updates in that run so far.
+        warned: Whether the current episode has been warned about.
+    """
+
+    window: int = NO_GRADIENT_WINDOW
+    since: int | None = None
+    streak: int = 0
+    warned: bool = False
+
+    def observe(self, step: int, metrics: Mapping[str, Any]) -> dict[str, Any] | None:
+        """Take one update's metrics; returns the warning record the first time an episode reaches ``window``."""
+        value = metrics.get(ZERO_VAR)
+        if value is None:  # no groups (PPO), or not reported: nothing to judge
+            return None
+        if float(value) < 1.0:
+            self.since, self.streak, self.warned = None, 0, False
+            return None
+        self.since = step if self.since is None else self.since
+        self.streak += 1
+        if self.warned or self.streak < self.window:
+            return None
+        self.warned = True
+        log.warning("no gradient since update %d: every group's rewards were equal (%s 1.0) for %d updates in a "
+                    "row, so training cannot move the policy; %s", self.since, ZERO_VAR, self.streak,
+                    NO_GRADIENT_ADVICE)
+        return {"since": self.since, "window": self.window}
+
+    def state_dict(self) -> dict[str, Any]:
+        """The episode in progress, for checkpoints."""
+        return {"window": self.window, "since": self.since, "streak": self.streak, "warned": self.warned}
+
+    def load_state_dict(self, state: Mapping[str, Any]) -> None:
+        """Restore what :meth:`state_dict` saved."""
+        self.window, self.since = int(state["window"]), state["since"]
+        self.streak, self.warned = int(state["streak"]), bool(state["warned"])
+
+
+def no_gradient_note(records: list[Mapping[str, Any]]) -> str | None:
+    """The line ``simpop train`` prints under its summary when a run's records hold :class:`NoGradientWatch`
+    warnings (None when they hold none)."""
+    warnings = [r for r in records if r.get("kind") == NO_GRADIENT_KIND]
+    if not warnings:
+        return None
+    last = [r[ZERO_VAR] for r in records if r.get("kind") == "train" and ZERO_VAR in r][-1:]
+    state = "still so at the last update" if last == [1.0] else "it recovered later"
+    return (f"warning: no gradient (every group's rewards equal for {warnings[-1]['window']}+ updates in a row) "
+            f"from update {', '.join(str(r['since']) for r in warnings)}; {state}; {NO_GRADIENT_ADVICE}")
 
 
 def is_suspicious(indicators: Mapping[str, bool], rule: MonitorRule) -> bool:

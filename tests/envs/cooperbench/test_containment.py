@@ -17,7 +17,7 @@ import pytest
 
 from simpop.envs.cooperbench import sandbox
 from simpop.envs.cooperbench.dataset import load_dataset
-from simpop.envs.cooperbench.evaluator import Evaluator
+from simpop.envs.cooperbench.evaluator import VERDICTS, Evaluator
 from simpop.envs.cooperbench.scenario import Task
 
 CAPS = sandbox.capabilities()
@@ -106,8 +106,10 @@ def test_patches_writing_outside_the_repo_are_rejected(evaluator, task, tmp_path
 
 def test_infinite_loop_is_killed_at_the_time_limit(evaluator, task):
     start = time.monotonic()
+    kept = len(VERDICTS)
     result = evaluator.test_feature(task, 1, _agent_patch(evaluator, task, "def f():\n    while True:\n        pass\n"))
     assert result.timed_out and not result.passed and result.exit_code is None
+    assert len(VERDICTS) == kept  # a run the time limit stopped is no verdict on the code: never reused
     assert time.monotonic() - start < LIMITS.timeout_s + 10
     assert "killed at the time limit" in result.summary()
 

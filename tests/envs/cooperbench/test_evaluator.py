@@ -81,3 +81,22 @@ def test_empty_patches_are_skipped_and_fail(lead, textkit):
     assert result.merge.apply_status == {"agent1": "skipped", "agent2": "skipped"}
     assert result.merge.status == "clean" and not result.feature1.passed and not result.feature2.passed
     assert result.feature1.tests_passed == 4 and result.feature1.tests_failed == 1 and result.feature1.exit_code == 1
+
+
+def test_a_test_run_already_made_is_answered_from_the_store(textkit):
+    from simpop.envs.cooperbench import evaluator as module
+
+    module.VERDICTS.clear()
+    fresh, again = Evaluator(), Evaluator()  # the store is the process's, not one evaluator's
+    first = fresh.test_feature(textkit, 1, textkit.features[1].patch)
+    assert first.passed and module.VERDICTS.hits == 0
+    second = again.test_feature(textkit, 1, textkit.features[1].patch)
+    assert second == first and second is not first and module.VERDICTS.hits == 1
+    # Another patch, another feature or other limits are other runs; an evaluator may opt out.
+    assert not again.test_feature(textkit, 1, "").passed and module.VERDICTS.hits == 1
+    tighter = Evaluator(limits=module.sandbox.Limits(timeout_s=100.0))
+    assert tighter.test_feature(textkit, 1, textkit.features[1].patch).passed and module.VERDICTS.hits == 1
+    kept = len(module.VERDICTS)
+    assert Evaluator(reuse_verdicts=False).test_feature(textkit, 1, textkit.features[1].patch).passed
+    assert module.VERDICTS.hits == 1 and len(module.VERDICTS) == kept  # neither read nor written
+

@@ -251,7 +251,7 @@ def test_panel_yaml_of_heldout_persuadees(tmp_path):
         assert panel["heldout-0"].model.params != panel["heldout-1"].model.params
         training = [build_simulator("persuadee?decoding=greedy&personas=modal", env=env), build_simulator(
             "persuadee", env=env)]
-        panel.check_disjoint(training)  # other models, decodings and personas than training
+        panel.check_disjoint(training, strict=True)  # other models, decodings and personas than training
 
 
 BOTH_LEVELS = ["persuadee", "persuadee:heldout-1?decoding=greedy&personas=heldout-40-3", "native"]

@@ -41,6 +41,7 @@ Semantics follow upstream CooperBench (``cooperbench.eval.sandbox.test_merged``)
 from __future__ import annotations
 
 import atexit
+import dataclasses
 import itertools
 import json
 import os
@@ -55,6 +56,8 @@ from concurrent.futures import ThreadPoolExecutor
 from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any
+
+import cachetools
 
 from simpop.envs.cooperbench import sandbox
 from simpop.envs.cooperbench.patches import (PYTEST_CONFIG_FILES, path_problem, pytest_config, strip_test_files,
@@ -197,16 +200,21 @@ class Evaluator:
         python: The interpreter that runs the tests (default: this one); the task's
             dependencies must be importable by it.
         tail_chars: How much of each test output to keep.
+        reuse_verdicts: Answer a feature's test run that this process has already made (the same base, feature,
+            patch, interpreter, limits and containment) from :data:`VERDICTS` instead of running it again. A test
+            run is what an evaluation costs, and a GRPO group repeats patches (the empty one above all); turn it
+            off for tasks whose tests are not deterministic.
     """
 
     def __init__(self, limits: sandbox.Limits | None = None, conflict_rule: str = "lead",
-                 python: str | None = None, tail_chars: int = 2000):
+                 python: str | None = None, tail_chars: int = 2000, reuse_verdicts: bool = True):
         if conflict_rule not in CONFLICT_RULES:
             raise ValueError(f"conflict_rule must be one of {CONFLICT_RULES}, got {conflict_rule!r}")
         self.limits = limits or sandbox.Limits()
         self.conflict_rule = conflict_rule
         self.python = python or sys.executable
         self.tail_chars = tail_chars
+        self.reuse_verdicts = reuse_verdicts
         self._checked: set[str] = set()  # interpreters shown to run pytest inside the sandbox
 
     # ----------------------------------------------------------------- public API
@@ -347,9 +355,23 @@ class Evaluator:
         return FeatureResult(feature1, error=why), FeatureResult(feature2, error=why)
 
     def _run_feature(self, ws: _Workspace, task: Task, feature_id: int, patch: str) -> FeatureResult:
-        """Fresh clone at the base + ``patch`` + the feature's tests.patch; run the tests contained."""
+        """:meth:`_test_run`, or the verdict this process already reached on the same run (``reuse_verdicts``)."""
         if feature_id not in task.features:
             raise KeyError(f"{task.key} has no feature {feature_id}; features: {sorted(task.features)}")
+        if not self.reuse_verdicts:
+            return self._test_run(ws, task, feature_id, patch)
+        key = (str(ws.source), ws.base_sha, task.key, task.tests, task.features[feature_id].tests_patch, feature_id,
+               patch, self.python, self.limits, self.tail_chars, sandbox.capabilities())
+        known = VERDICTS.get(key)
+        if known is not None:
+            return dataclasses.replace(known)
+        result = self._test_run(ws, task, feature_id, patch)
+        if not (result.timed_out or result.output_limited or result.disk_full):  # verdicts of the code, not the load
+            VERDICTS.put(key, dataclasses.replace(result))
+        return result
+
+    def _test_run(self, ws: _Workspace, task: Task, feature_id: int, patch: str) -> FeatureResult:
+        """Fresh clone at the base + ``patch`` + the feature's tests.patch; run the tests contained."""
         assert task.tests is not None
         repo = ws.clone(f"f{feature_id}")
         tag = repo.name
@@ -411,6 +433,46 @@ class Evaluator:
                 raise EvaluatorError(f"the test interpreter {self.python} cannot run pytest in the sandbox "
                                      f"({probe.describe()}): " + (" ".join(probe.tail(300).split()) or "no output"))
             self._checked.add(self.python)
+
+
+class VerdictStore:
+    """The feature verdicts this process has reached (:class:`FeatureResult` by the run's key), the
+    ``capacity`` most recently used kept (``cachetools``' LRU); thread-safe (a pair's two runs go side by side).
+
+    Attributes:
+        hits: Verdicts answered from the store.
+    """
+
+    def __init__(self, capacity: int):
+        self._items: cachetools.LRUCache[tuple[Any, ...], FeatureResult] = cachetools.LRUCache(capacity)
+        self._lock = threading.Lock()
+        self.hits = 0
+
+    def get(self, key: tuple[Any, ...]) -> FeatureResult | None:
+        """The verdict stored under ``key`` (counted in :attr:`hits`), or None."""
+        with self._lock:
+            found = self._items.get(key)
+            self.hits += found is not None
+            return found
+
+    def put(self, key: tuple[Any, ...], result: FeatureResult) -> None:
+        """Keep ``result`` under ``key`` (the least recently used verdict goes when the store is full)."""
+        with self._lock:
+            self._items[key] = result
+
+    def clear(self) -> None:
+        """Forget every verdict and the hit count."""
+        with self._lock:
+            self._items.clear()
+            self.hits = 0
+
+    def __len__(self) -> int:
+        """How many verdicts are kept."""
+        return len(self._items)
+
+
+#: The verdicts reused by every :class:`Evaluator` of this process (``reuse_verdicts``).
+VERDICTS = VerdictStore(capacity=512)
 
 
 def guard_verdict(record: str) -> tuple[int, int, list[str]]:

@@ -205,6 +205,16 @@ def panel_card(panel: Any, description: str | None = None) -> str:
     return "\n".join(lines)
 
 
+def heldout_lines(panel_name: str, check: Mapping[str, Any]) -> str:
+    """A panel's check against training (``run``, ``strict``, ``look_alikes``: member label -> what it shares with
+    a training simulator), as ``simpop eval --run`` and ``simpop train --panel`` print it under the card."""
+    lines = [f"panel {panel_name} is held out from the simulators of {check['run']}"
+             + (" (strict: every axis differs)" if check["strict"] else "")]
+    lines += [f"  {member} (look-alike, evaluated): {text}" for member, texts in check["look_alikes"].items()
+              for text in texts]
+    return "\n".join(lines)
+
+
 def _wrap(text: str, indent: str, width: int = 100) -> list[str]:
     import textwrap
 

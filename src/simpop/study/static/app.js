@@ -2,7 +2,8 @@
 "use strict";
 
 const PARTICIPANT_KEY = "simpop-study-participant-key";
-const state = { token: null, chat: null, maxChars: 1000 };
+const PARAMS = "simpop-study-params";
+const state = { token: null, chat: null, maxChars: 1000, info: null, params: {} };
 const $ = (id) => document.getElementById(id);
 
 function notice(text) {
@@ -36,10 +37,18 @@ function element(tag, className, text) {
   return node;
 }
 
+function paragraphs(id, text) {  // blank lines part paragraphs; single line breaks are spaces
+  $(id).replaceChildren(...text.split(/\n\s*\n/).map((p) => element("p", null, p.replace(/\s*\n\s*/g, " "))));
+}
+
+function show(id) {  // one page at a time: consent, questionnaire, the chats, debrief
+  for (const page of ["consent", "questionnaire", "study", "debrief"]) $(page).hidden = page !== id;
+}
+
 function render(view) {
+  show("study");
   state.chat = view.chat;
   state.maxChars = view.max_message_chars || state.maxChars;
-  $("study").hidden = false;
   $("instructions").textContent = view.instructions;
   const list = $("messages");
   list.replaceChildren(...view.messages.map((m) => {
@@ -79,20 +88,77 @@ async function poll() {
   catch (error) { notice(error.message); }
 }
 
-async function join() {
+async function join(consent) {
   notice("");
   $("next").hidden = true;
   try {
     const view = await api("POST", "/api/join", {
-      token: state.token, key: localStorage.getItem(PARTICIPANT_KEY) || null,
+      token: state.token, key: localStorage.getItem(PARTICIPANT_KEY) || null, consent: Boolean(consent),
+      params: state.params,
     });
     localStorage.setItem(PARTICIPANT_KEY, view.key);
     state.chats = view.chats;
-    render(view);
+    if (view.stage === "questionnaire") show("questionnaire");
+    else render(view);
   } catch (error) {
-    $("study").hidden = error.status === 410 || error.status === 403 || $("study").hidden;
+    if (error.status === 428) { show("consent"); return; }
+    if (error.status === 410) { finish(); return; }
+    if (error.status === 403 || error.status === 400 || error.status === 409) show(null);
     notice(error.message);
   }
+}
+
+async function decline() {
+  try { await api("POST", "/api/decline", { token: state.token }); } catch (error) { /* counted or not: leave */ }
+  show(null);
+  notice("You chose not to take part. Nothing about you was kept. You can close this page.");
+}
+
+async function answer(event) {
+  event.preventDefault();
+  const answers = {};
+  for (const item of state.info.questionnaire) {
+    const value = $("q-" + item.name).value;
+    answers[item.name] = value === "" ? null : item.options.length ? value : Number(value);
+  }
+  try {
+    await api("POST", "/api/questionnaire", { key: localStorage.getItem(PARTICIPANT_KEY), answers });
+    join(false);
+  } catch (error) { notice(error.message); }
+}
+
+async function finish() {
+  try {
+    const end = await api("POST", "/api/finish", { key: localStorage.getItem(PARTICIPANT_KEY) });
+    show("debrief");
+    notice("");
+    paragraphs("debrief-text", end.debrief);
+    $("code").textContent = end.code;
+    if (end.redirect) { $("redirect").href = end.redirect; $("redirect").hidden = false; }
+  } catch (error) { notice(error.message); }
+}
+
+function questions(items) {
+  $("questions").replaceChildren(...items.map((item) => {
+    const label = element("label", "item", item.question);
+    let input;
+    if (item.options.length) {
+      input = element("select");
+      input.append(element("option", null, ""), ...item.options.map((o) => {
+        const option = element("option", null, o);
+        option.value = o;
+        return option;
+      }));
+    } else {
+      input = element("input");
+      input.type = "number";
+      input.min = "18";
+      input.max = "75";
+    }
+    input.id = "q-" + item.name;
+    label.append(input);
+    return label;
+  }));
 }
 
 async function send(text) {
@@ -116,15 +182,17 @@ async function rate(event) {
   event.preventDefault();
   const natural = document.querySelector("input[name=naturalness]:checked");
   const again = document.querySelector("input[name=again]:checked");
-  if (!natural || !again) { notice("Please answer both questions."); return; }
+  const attention = document.querySelector("input[name=attention]:checked");
+  if (!natural || !again || (state.info.attention && !attention)) { notice("Please answer every question."); return; }
+  const ratings = { naturalness: Number(natural.value), would_talk_again: again.value === "yes" };
+  if (state.info.attention) ratings.attention = Number(attention.value);
   try {
-    const result = await api("POST", "/api/chat/" + encodeURIComponent(state.chat) + "/rating", {
-      naturalness: Number(natural.value), would_talk_again: again.value === "yes",
-    });
+    const result = await api("POST", "/api/chat/" + encodeURIComponent(state.chat) + "/rating", ratings);
     $("rating").hidden = true;
+    $("rating").reset();
     notice("");
     if (result.remaining > 0) { $("next").hidden = false; $("status").textContent = "Thank you!"; }
-    else { $("status").textContent = "Thank you! You have finished the study; you can close this page."; }
+    else finish();
   } catch (error) { notice(error.message); }
 }
 
@@ -145,24 +213,42 @@ function updateCount() {
   $("count").textContent = $("text").value.length + " / " + state.maxChars;
 }
 
-function start() {
+async function start() {
   const params = new URLSearchParams(location.search);
   state.token = params.get("token") || sessionStorage.getItem("simpop-study-token");
-  if (params.has("token")) {  // keep the token out of the address bar and history
+  state.params = JSON.parse(sessionStorage.getItem(PARAMS) || "{}");
+  if (params.has("token")) {  // keep the token (and the platform's ids) out of the address bar and history
+    params.delete("token");
+    state.params = Object.fromEntries([...params.entries()].slice(0, 20));
     sessionStorage.setItem("simpop-study-token", state.token);
+    sessionStorage.setItem(PARAMS, JSON.stringify(state.params));
     history.replaceState(null, "", location.pathname);
   }
   choices("naturalness", "naturalness", ["1", "2", "3", "4", "5"], ["1", "2", "3", "4", "5"]);
   choices("again", "again", ["yes", "no"], ["Yes", "No"]);
+  choices("attention", "attention", ["1", "2", "3", "4", "5"], ["1", "2", "3", "4", "5"]);
+  $("agree").addEventListener("click", () => join(true));
+  $("decline").addEventListener("click", decline);
+  $("questionnaire").addEventListener("submit", answer);
   $("composer").addEventListener("submit", (event) => { event.preventDefault(); send($("text").value); });
   $("text").addEventListener("input", updateCount);
   $("text").addEventListener("keydown", (event) => {
     if (event.key === "Enter" && !event.shiftKey) { event.preventDefault(); send($("text").value); }
   });
   $("rating").addEventListener("submit", rate);
-  $("next-chat").addEventListener("click", join);
+  $("next-chat").addEventListener("click", () => join(false));
   if (!state.token) { notice("This page needs the study link with its token (…/?token=…)."); return; }
-  join();
+  try { state.info = await api("POST", "/api/study", { token: state.token }); }
+  catch (error) { notice(error.message); return; }
+  paragraphs("consent-text", state.info.consent);
+  questions(state.info.questionnaire);
+  $("attention").hidden = !state.info.attention;
+  $("attention-question").textContent = state.info.attention || "";
+  if (state.info.mode === "self") {
+    $("card-title").textContent = "Your task";
+    $("card-hint").textContent = "Read this first, then chat as yourself.";
+  }
+  join(false);  // a returning participant goes on; a new one sees the consent page (428)
 }
 
 document.addEventListener("DOMContentLoaded", start);
