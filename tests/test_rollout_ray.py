@@ -177,9 +177,10 @@ def test_text_dialogues_through_ray_workers_call_the_shared_server(ray_cluster, 
         common = ["eval", "--env", "simpop/Persuasion-v0", "--env-arg", "max_turns=3", "--no-progress", "--policy",
                   f"openai:{server.url}#echo", "--panel", str(panel), "--episodes", "4", "--concurrency", "2"]
         assert main([*common, "--out", str(tmp_path / "local")]) == 0
-        local_calls = len(backend.calls)
+        local_requests = server.stats()["requests"]
         assert main([*common, "--out", str(tmp_path / "ray"), "--ray", "--ray-worker-cpus", "0.5"]) == 0
-    assert len(backend.calls) - local_calls == local_calls  # the workers sent the same requests to the server
+        # The workers sent the same requests to the server (which batches concurrent greedy ones as it likes).
+        assert server.stats()["requests"] - local_requests == local_requests > 0
     local, remote = ([json.loads(x) for x in (tmp_path / d / EPISODES).read_text().splitlines()] for d in ("local", "ray"))
     said = [t["text"] for r in remote for t in r["transcript"] if t["seat"] == "persuader"]
     # Locally the greedy policy runs every member in one wave, so records come chunk by chunk, not member by member.

@@ -255,7 +255,8 @@ def test_the_cli_refuses_bad_study_settings_with_a_one_line_error(tmp_path, caps
              ("--completion-url", "ftp://x/{code}"): "http(s) URL",
              ("--consent", str(tmp_path / "missing.md")): "not a readable UTF-8 text file",
              ("--participant-mode", "self", "--bonus", "3"): "at most $2",
-             ("--questionnaire", "shoe_size"): "unknown questionnaire item"}
+             ("--questionnaire", "shoe_size"): "unknown questionnaire item",
+             ("--primary-outcome", "pledge"): "not success, reward or an info key"}
     for extra, message in cases.items():
         assert main([*base, *extra]) == 2, extra
         err = capsys.readouterr().err

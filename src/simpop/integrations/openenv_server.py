@@ -240,6 +240,7 @@ class SharedBackend:
 
     def __init__(self, backend: Any, calls: ModelCalls):
         self.backend, self.calls = backend, calls
+        self.__wrapped__ = backend  # the backend that logs name
         self.base_url: str | None = getattr(backend, "base_url", None)
 
     def __getattr__(self, name: str) -> Any:

@@ -234,7 +234,7 @@ class LLMSimulator(Simulator):
                 logger.log(logging.DEBUG if self._warned_unscored else logging.WARNING,
                            "%s: backend %s cannot score survey options (no in-process model or token_logprobs); "
                            "the survey is answered in free text for the env to read (%d so far)", self.name,
-                           type(self.backend).__name__, self.stats["survey_unscored"])
+                           type(getattr(self.backend, "__wrapped__", self.backend)).__name__, self.stats["survey_unscored"])
                 self._warned_unscored = True
             return [None] * len(surveys)
         chats = [self.survey_chat(obs, slot, survey) for obs, slot, survey in zip(observations, slots, surveys)]
@@ -344,7 +344,7 @@ class LLMSimulator(Simulator):
         if faults:
             self.stats["backend_errors"] += 1
             logger.warning("%s: faulty backend answer from %s (%s); missing texts read as empty replies",
-                           self.name, type(self.backend).__name__, "; ".join(faults))
+                           self.name, type(getattr(self.backend, "__wrapped__", self.backend)).__name__, "; ".join(faults))
         return [t if isinstance(t, str) else "" for t in texts] + [""] * (expected - len(texts))
 
 

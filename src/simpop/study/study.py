@@ -378,7 +378,7 @@ def open_study(out: str | Path, env_id: str, policies: Mapping[str, str], *, sce
 
     Raises:
         ValueError, KeyError: Bad settings (unknown scenario, non-text env, bad policy spec, another study in
-            ``out``, a mode the env cannot run, an unknown exclusion rule or questionnaire item).
+            ``out``, a mode the env cannot run, an unknown exclusion rule, questionnaire item or outcome).
     """
     from simpop.envs.registration import make
     from simpop.evaluation.panel import json_safe
@@ -393,6 +393,12 @@ def open_study(out: str | Path, env_id: str, policies: Mapping[str, str], *, sce
     if unknown:
         raise KeyError(f"unknown scenario(s) {unknown[:5]} for {env_id}; it has {len(known)} (e.g. {known[:3]})")
     modes.check_mode(env, participant_mode, bonus, list(questionnaire))
+    if primary_outcome not in ("success", "reward"):  # else an info key every chat's record holds (from reset on)
+        _, infos = env.reset(seed=0)
+        keys = sorted(infos[env.policy_seat])
+        if primary_outcome not in keys:
+            raise ValueError(f"--primary-outcome {primary_outcome!r}: not success, reward or an info key of {env_id} "
+                             f"({', '.join(keys)})")
     unknown_rules = sorted(set(exclusions or {}) - set(EXCLUSION_RULES))
     if unknown_rules:
         raise ValueError(f"unknown exclusion rule(s) {unknown_rules}; the rules are {', '.join(EXCLUSION_RULES)}")
