@@ -49,8 +49,9 @@ SUITE = [
     "--deselect", "tests/study/test_study.py::test_a_tau2_customer_is_scored_by_tau2s_evaluator",  # needs tau2
 ]
 
-#: Import names of packages only the extras left out of .venv-min provide (tau2, openenv, torchrl, verifiers, verl).
-OTHER_EXTRAS = {"tau2", "loguru", "litellm", "openenv", "torchrl", "tensordict", "verifiers", "verl"}
+#: Import names of packages only the extras left out of .venv-min provide (tau2, openenv, torchrl, verifiers, verl,
+#: ray/rllib).
+OTHER_EXTRAS = {"tau2", "loguru", "litellm", "openenv", "torchrl", "tensordict", "verifiers", "verl", "ray"}
 
 IMPORT_ALL = """
 import importlib, importlib.util, json, pkgutil
