@@ -162,6 +162,7 @@ test-thorough:
 	HYPOTHESIS_PROFILE=thorough $(PYTEST)
 
 # Re-measure every test into tests/durations.json (the slow mark and the order derive from it); commit the file.
+# `$(PY) -m pytest --collect-only -q --forecast` then prints how the record falls on the two workers.
 durations:
 	$(MAKE) -j4 $(SUITE_NEEDS)
 	$(PYTEST) --store-durations

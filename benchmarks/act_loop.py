@@ -10,8 +10,7 @@ It also times whole runs, as ``make run`` runs each (condition, seed): 200 updat
 (:func:`~simpop.experiments.collapse.run_one`), each tree in a child process, alternating, with a digest of each
 run's ``metrics.jsonl`` (timings left out): equal digests mean the same run. ``--run-baseline`` names that
 comparison's own baseline (default: the revision before this section was added), ``--runs 0`` skips it.
-And it times one wave of persuadee replies in this checkout, per dialogue vs batched (the part this change
-vectorised; the rest of an update is mostly the env's per-step Python).
+And it times one wave of persuadee replies in this checkout, a call per dialogue vs one batched call.
 
 The table gives each tree's milliseconds per update too (the goal of issue 29: <= 8 ms at 64 dialogues, on
 a quiet machine) and the load average before and after: on a shared machine, read the ratio.
@@ -65,8 +64,9 @@ def child(condition: str, updates: int, seed: int) -> dict:
 
 
 def reply_speed(rows: int = 64, repeats: int = 200) -> list[tuple[float, float, float]]:
-    """(temperature, per-dialogue ms, batched ms) of one wave's persuadee replies, both paths of this checkout
-    (:meth:`PersuadeeModel.respond` per row vs :meth:`PersuadeeModel.respond_batch`), same states and seeds."""
+    """(temperature, per-dialogue ms, batched ms) of one wave's persuadee replies in this checkout: a call per row
+    (:meth:`PersuadeeModel.respond`, a batch of one) vs one :meth:`PersuadeeModel.respond_batch`, same states and
+    seeds."""
     import numpy as np
 
     from simpop.envs.persuasion.acts import PERSUADER_ACTS
@@ -163,7 +163,7 @@ def compare(args: argparse.Namespace, baseline: Path) -> None:
         print(f"{condition:<12} {old:9.2f} {new:9.2f} {new / old:5.2f}x {1e3 / old:9.2f} {1e3 / new:8.2f}  "
               f"{'yes' if same else 'no'}")
     print(f"load average after: {' '.join(f'{x:.2f}' for x in os.getloadavg())}")
-    print("\none wave of 64 persuadee replies (this checkout: per-dialogue respond vs respond_batch)")
+    print("\none wave of 64 persuadee replies (this checkout: a respond call per dialogue vs one respond_batch)")
     for temperature, one, batch in reply_speed():
         print(f"temperature {temperature:g}: {one:.2f} ms vs {batch:.2f} ms, {one / batch:.1f}x")
 

@@ -18,14 +18,15 @@ import simpop
 from simpop.envs.cooperbench import evaluator
 from simpop.envs.cooperbench.simulators import default_teammate
 from simpop.rollout import RolloutEngine
+from simpop.seat import Player
 
 ENV_ID = "simpop/CooperBench-mini-v0"
 
 
-class HelloThenSubmit:
+class HelloThenSubmit(Player):
     """The policy seat: one message, then submit (an untrained policy's typical dialogue)."""
 
-    def act_batch(self, observations, rng):
+    def act_batch(self, observations, slots):
         return [json.dumps({"type": "submit"}) if json.loads(o)["messages"] else
                 json.dumps({"type": "message", "text": "I'll take feature 1."}) for o in observations]
 

@@ -8,8 +8,8 @@ time. Four parts (``--parts``):
   goal <= 2 ms), with the CPU time the client and server processes spend per step beside it (load-independent);
   steps/s at 1, 8 and 32 sessions.
 - ``text``: ``simpop/Persuasion-v0`` (3 turns) with a SmolLM2 user in process (``frozen:smollm2``, 24 new tokens),
-  steps/s at 1, 8 and 32 sessions: batched across sessions (the default) vs one reply at a time (``--max-batch 1``,
-  the server before batching).
+  steps/s at 1, 8 and 32 sessions: batched across sessions with the model's prefix cache (the default) vs one reply
+  at a time reading each prompt whole (``--max-batch 1 --prefix-cache-mb 0``, the server before batching).
 - ``served``: the same env with a served user (``frozen:openai:...``): a loopback OpenAI-compatible server that
   answers every request after a fixed 200 ms; concurrent calls (the default) vs one at a time (``--max-inflight 1``,
   the server's former global lock).
@@ -75,10 +75,11 @@ def cpu_seconds(pid: int) -> float:
 
 
 class Run:
-    """What one measurement saw: steps, step-call latencies, sessions that finished an episode, errors."""
+    """What one measurement saw: steps, step-call latencies, sessions that finished an episode, errors, and the
+    server's CPU seconds meanwhile (where measured)."""
 
     def __init__(self) -> None:
-        self.steps, self.latencies, self.finished, self.errors, self.elapsed = 0, [], 0, [], 0.0
+        self.steps, self.latencies, self.finished, self.errors, self.elapsed, self.cpu = 0, [], 0, [], 0.0, 0.0
 
     @property
     def rate(self) -> float:
@@ -147,15 +148,19 @@ def measure(env: str, simulator: str, flags: list[str], sessions: list[int], sec
             label: str, threads: int | None = None) -> dict[int, Run]:
     """Steps/s with each number of sessions on one server, after a warm-up step (a model's first call is slow);
     steps answered after ``seconds`` do not count, and a probe step after each measurement waits out the work its
-    dropped sessions left queued (the oldest work runs first)."""
+    dropped sessions left queued (the oldest work runs first). The server's CPU seconds in the measurement give
+    steps per CPU-second, which a machine shared with other work slows less than steps/s."""
     runs = {}
     process, url = start_server(env, simulator, "--max-sessions", str(max(sessions) + 1), *flags, threads=threads)
     try:
         asyncio.run(over_network(url, 1, 0.0, act=False))  # one reset and step
         for n in sessions:
+            cpu = cpu_seconds(process.pid)
             runs[n] = asyncio.run(over_network(url, n, seconds, act=False, wait=False))
+            runs[n].cpu = cpu_seconds(process.pid) - cpu
             asyncio.run(over_network(url, 1, 0.0, act=False))
-            print(f"    {label}, {n} sessions: {runs[n].rate:.2f} steps/s", flush=True)
+            print(f"    {label}, {n} sessions: {runs[n].rate:.2f} steps/s ({runs[n].steps} steps, "
+                  f"{runs[n].steps / max(runs[n].cpu, 0.01):.2f} per server CPU-second)", flush=True)
     finally:
         stop(process)
     return runs
@@ -199,6 +204,7 @@ def side_by_side(title: str, rows: dict[str, dict[int, Run]]) -> dict[str, dict[
     for n in new_rows:
         a, b = new_rows[n], old_rows[n]
         print(f"  {n:3d} sessions: {new} {a.rate:7.2f} steps/s, {old} {b.rate:7.2f} steps/s: {a.rate / b.rate:5.2f}x"
+              + (f"; per server CPU-second {a.steps / a.cpu / (b.steps / b.cpu):5.2f}x" if a.cpu and b.cpu and b.steps else "")
               + (f" (errors: {len(a.errors)} / {len(b.errors)})" if a.errors or b.errors else ""))
     return {name: {str(n): r.rate for n, r in runs.items()} for name, runs in rows.items()}
 
@@ -244,7 +250,7 @@ def main() -> None:
             f"text level ({TEXT_ENV}, 3 turns, {SMOLLM2_USER} in process, {args.text_seconds:g} s each):",
             {name: measure(TEXT_ENV, SMOLLM2_USER, ["--env-arg", "max_turns=3", *flags], args.sessions,
                            args.text_seconds, name, args.torch_threads)
-             for name, flags in (("batched", []), ("one at a time", ["--max-batch", "1"]))})
+             for name, flags in (("batched", []), ("one at a time", ["--max-batch", "1", "--prefix-cache-mb", "0"]))})
     if "served" in args.parts:
         user = f"frozen:openai:{fake_openai_server(0.2)}#fake?max_new_tokens=24"
         report["served"] = side_by_side(

@@ -8,7 +8,7 @@ simulator's own: the P4G persona and scenario, the audit's dialogue histories an
 Sampling instructions. Engines:
 
 - ``none``: no constraint (the old prompt-and-parse path; also the model's own step time);
-- ``llguidance``: simpop's processor (:class:`simpop.agents.transformers_backend.JSONSchemaMask`), the
+- ``llguidance``: simpop's processor (:class:`simpop.agents.json_mask.JSONSchemaMask`), the
   engine of vLLM's ``guidance`` structured-output backend;
 - ``xgrammar``: xgrammar's own transformers processor (``xgrammar.contrib.hf``), vLLM's default backend;
 - ``lm-format-enforcer``: its transformers ``prefix_allowed_tokens_fn`` (its transformers module imports
@@ -116,7 +116,7 @@ class Engines:
         if engine == "llguidance":
             import llguidance
 
-            from simpop.agents.transformers_backend import _JSON_LAYOUT, JSONSchemaMask
+            from simpop.agents.json_mask import _JSON_LAYOUT, JSONSchemaMask
 
             start = time.perf_counter()
             tokenizer = b._llg()

@@ -69,7 +69,7 @@ def best_of(repeats: int, fn):
 
 def multi_turn(backend: VLLMBackend, args: argparse.Namespace, token_in_out: bool) -> dict[str, float]:
     """Run the dialogues one turn at a time (all dialogues batched per turn); counters from ``/metrics``."""
-    from simpop.rollout import ChatDelta
+    from simpop.agents.policy import ChatDelta
 
     delta = ChatDelta(backend)
     params = SamplingParams(max_new_tokens=args.max_new_tokens, temperature=0.0, logprobs=token_in_out)

@@ -7,7 +7,7 @@ import os
 import pytest
 
 import tests.hypothesis_budget  # noqa: F401  (loads the Hypothesis profile before any test module)
-from tests.scheduling import DurationRecorder, mark_and_order, recorded_durations
+from tests.scheduling import DurationRecorder, forecast, mark_and_order, recorded_durations
 
 #: The lowest-versions environment's tests (``tests/min_env/``) run in ``make test-min`` only, which builds that
 #: environment: they add about 2 minutes, and CI (``make test``) stays under its budget without them.
@@ -17,6 +17,8 @@ collect_ignore = [] if os.environ.get("SIMPOP_TEST_MIN") else ["min_env"]
 def pytest_addoption(parser):
     parser.addoption("--store-durations", action="store_true",
                      help="record each test's seconds in tests/durations.json (slow marks and order derive from it)")
+    parser.addoption("--forecast", action="store_true",
+                     help="print each of two xdist workers' recorded seconds under the suite's order (with --collect-only)")
 
 
 def pytest_configure(config):
@@ -32,7 +34,13 @@ def pytest_configure(config):
 
 @pytest.hookimpl(tryfirst=True)
 def pytest_collection_modifyitems(config, items):
-    mark_and_order(items, recorded_durations())
+    durations = recorded_durations()
+    mark_and_order(items, durations)
+    if config.getoption("--forecast"):
+        loads = forecast(items, durations)
+        config.pluginmanager.get_plugin("terminalreporter").write_line(
+            f"forecast from tests/durations.json: {' s, '.join(f'{load:.0f}' for load in loads)} s of tests per worker "
+            f"(the suite's wall time is the busier one's, {max(loads):.0f} s, plus start-up)")
 
 
 @pytest.fixture(scope="session")

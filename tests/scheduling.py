@@ -7,6 +7,8 @@
   as one) run on one worker, so that each resource starts once a run; tests that share a module- or class-scoped fixture stay together for the same reason; every
   other test is scheduled on its own.
 - Order: the groups and tests run longest first (from the recorded durations), so that two workers finish together.
+  ``pytest --collect-only -q --forecast`` prints how the record's seconds fall on the workers under this order
+  (:func:`forecast`, xdist's hand-out replayed): the suite's wall time is the busier worker's.
 
 ``pytest --store-durations`` (``make durations``) rewrites the record; a run that sees a test over ``SLOW_S`` the
 record does not know says so in its summary.
@@ -15,7 +17,7 @@ record does not know says so in its summary.
 from __future__ import annotations
 
 import json
-from collections import defaultdict
+from collections import OrderedDict, defaultdict
 from pathlib import Path
 
 import pytest
@@ -94,6 +96,28 @@ def mark_and_order(items: list[pytest.Item], durations: dict[str, float]) -> Non
         scope_seconds[scope] += seconds
     first_seen = {scope: index for index, scope in reversed(list(enumerate(scope_of.values())))}
     items.sort(key=lambda item: (-scope_seconds[scope_of[item.nodeid]], first_seen[scope_of[item.nodeid]]))
+
+
+def forecast(items: list[pytest.Item], durations: dict[str, float], workers: int = 2) -> list[float]:
+    """Each worker's recorded seconds when xdist's ``--dist loadgroup`` (``--no-loadscope-reorder``) hands out
+    ``items`` in their order: a group (or a lone test) goes whole to one worker; each worker starts with one, and
+    takes the next whenever two tests or fewer are left in its queue. Tests the record leaves out count as 0 s."""
+    units: OrderedDict[str, list[float]] = OrderedDict()
+    for item in items:
+        groups = [mark.args[0] for mark in item.iter_markers("xdist_group")]
+        units.setdefault(groups[0] if groups else item.nodeid, []).append(durations.get(item.nodeid, 0.0))
+    clock = [0.0] * workers
+    queues: list[list[float]] = [[] for _ in range(workers)]
+    for first in (True, False):  # one unit each, then another for a worker whose first holds two tests or fewer
+        for queue in queues:
+            if units and (first or len(queue) <= 2):
+                queue.extend(units.popitem(last=False)[1])
+    while any(queues):
+        w = min((w for w in range(workers) if queues[w]), key=clock.__getitem__)
+        clock[w] += queues[w].pop(0)
+        if units and len(queues[w]) <= 2:
+            queues[w].extend(units.popitem(last=False)[1])
+    return clock
 
 
 class DurationRecorder:

@@ -209,6 +209,49 @@ def test_the_site_builds_strictly_into_a_static_folder(tmp_path):
     assert "simpop.agents.base.Backend" in (site / "api" / "agents.html").read_text()
 
 
+LINK = re.compile(r"\]\((?P<target>[^)#\s]+\.md)(?:#[^)\s]*)?\)")
+
+
+def _nav_pages(nav: list) -> list[str]:
+    """The page paths of a ``mkdocs.yml`` nav (nested sections flattened)."""
+    pages = []
+    for item in nav:
+        value = next(iter(item.values())) if isinstance(item, dict) else item
+        pages.extend(_nav_pages(value) if isinstance(value, list) else [value])
+    return pages
+
+
+def _unreachable(docs: Path, nav: list) -> set[str]:
+    """Pages of ``docs`` that no chain of relative Markdown links reaches from a page in ``nav``."""
+    seen, todo = set(), [docs / page for page in _nav_pages(nav)]
+    while todo:
+        page = todo.pop().resolve()
+        if page in seen or not page.is_file():
+            continue
+        seen.add(page)
+        todo.extend(page.parent / m["target"] for m in LINK.finditer(page.read_text()) if "://" not in m["target"])
+    pages = {p.resolve() for p in docs.rglob("*.md") if "hooks" not in p.relative_to(docs).parts}
+    return {str(p.relative_to(docs.resolve())) for p in pages - seen}
+
+
+def test_every_page_is_reachable_from_the_site_navigation():
+    import yaml
+
+    nav = yaml.safe_load((ROOT / "mkdocs.yml").read_text())["nav"]
+    orphans = _unreachable(DOCS, nav)
+    assert not orphans, f"pages neither in mkdocs.yml's nav nor linked from a page that is: {sorted(orphans)}"
+    assert {"results/collapse.md", "results/integrations.md"} <= set(_nav_pages(nav))
+
+
+def test_the_reachability_check_finds_an_orphan(tmp_path):
+    (tmp_path / "results").mkdir()
+    (tmp_path / "index.md").write_text("[run](howto.md#run) and [the web](https://example.org/x.md)")
+    (tmp_path / "howto.md").write_text("[measured](results/runs.md)")
+    (tmp_path / "results" / "runs.md").write_text("[back](../index.md)")
+    (tmp_path / "results" / "orphan.md").write_text("nobody links here")
+    assert _unreachable(tmp_path, [{"Home": "index.md"}]) == {"results/orphan.md"}
+
+
 def test_a_broken_cross_reference_fails_the_strict_build(tmp_path):
     docs = tmp_path / "docs"
     docs.mkdir()

@@ -41,7 +41,7 @@ SUITE = [
     "tests/envs/test_aec.py::test_aec_view_passes_pettingzoo_api_test[simpop/Persuasion-v1]",
     "tests/envs/test_aec.py::test_one_aec_cycle_is_one_dialogue_turn",
     "tests/evaluation/test_diversity.py",
-    "tests/evaluation/test_report.py",
+    "tests/experiments/test_collapse_report.py",
     "tests/evaluation/test_eval_cli.py",
     "tests/agents/test_serve.py",
     "tests/test_validation.py",

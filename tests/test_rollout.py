@@ -5,7 +5,9 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from simpop.rollout import ChatDelta, Job, RolloutEngine
+from simpop.agents.policy import ChatDelta
+from simpop.rollout import Job, RolloutEngine
+from simpop.seat import Player
 from tests.train.toys import (IM_END, MERGED_AB, CountingSimulator, PrefilledToyEnv, ToyTextEnv, ToyTextPolicy,
                               ToyTokenBackend)
 
@@ -158,9 +160,9 @@ def test_chat_delta_closing_and_overlap():
 
 
 def test_act_policy_path_and_bad_arguments():
-    class Constant:
-        def act_batch(self, observations, rng):
-            return [f"yes {rng.integers(10)}" for _ in observations]
+    class Constant(Player):
+        def act_batch(self, observations, slots):
+            return [f"yes {self.rngs[slot].integers(10)}" for slot in slots]
 
     simulator = CountingSimulator()
     engine = RolloutEngine(lambda: ToyTextEnv(), Constant(), simulator, n_envs=2)
@@ -187,8 +189,8 @@ def test_rejected_user_seat_actions_are_counted_per_dialogue_and_logged(caplog):
         def act_batch(self, observations, slots):
             return ["x" * 5000 for _ in slots]
 
-    class Hello:
-        def act_batch(self, observations, rng):
+    class Hello(Player):
+        def act_batch(self, observations, slots):
             return ["Hello! Would you donate to Save the Children?" for _ in observations]
 
     engine = RolloutEngine("simpop/Persuasion-v1", Hello(), Overlong(), env_kwargs={"max_turns": 2})

@@ -13,6 +13,7 @@ import simpop
 from simpop.agents.policy import ActPolicy
 from simpop.rollout import Job, RolloutEngine, plan_waves
 from simpop.simulators.registry import build_simulator
+from simpop.seat import Player
 
 ENV = "simpop/PersuasionAct-v0"
 #: A population: each dialogue's member is drawn with its own generator, so it must match across workers too.
@@ -120,11 +121,11 @@ def test_a_simulator_set_without_spec_travels_pickled_and_trainable_ones_are_ref
 def test_policies_over_in_process_models_are_refused(ray_cluster):
     from simpop.rollout_ray import RayConfig, RayRolloutEngine
 
-    class InProcess:  # the shape of LLMPolicy: a backend holding a language model (6.4 M parameters here)
+    class InProcess(Player):  # the shape of LLMPolicy: a backend holding a language model (6.4 M parameters here)
         def __init__(self):
             self.backend = SimpleNamespace(model=torch.nn.Embedding(40_000, 160))
 
-        def act_batch(self, observations, rng):
+        def act_batch(self, observations, slots):
             return [0] * len(observations)
 
     with pytest.raises(ValueError, match="in-process language model"):
@@ -146,7 +147,7 @@ def test_ray_config_validates():
 
 def test_simpop_eval_through_ray_writes_the_local_records(ray_cluster, tmp_path, monkeypatch):
     from simpop.cli import main
-    from simpop.evaluation.eval_run import EPISODES
+    from simpop.evaluation.eval_records import EPISODES
     from simpop.rollout_ray import RayRolloutEngine
 
     waves = []
@@ -167,7 +168,7 @@ def test_simpop_eval_through_ray_writes_the_local_records(ray_cluster, tmp_path,
 def test_text_dialogues_through_ray_workers_call_the_shared_server(ray_cluster, tmp_path, monkeypatch):
     from simpop.serve.server import make_server
     from simpop.cli import main
-    from simpop.evaluation.eval_run import EPISODES
+    from simpop.evaluation.eval_records import EPISODES
     from tests.agents.fakes import EchoBackend
 
     backend = EchoBackend()

@@ -6,7 +6,7 @@ from types import SimpleNamespace
 
 import pytest
 
-from tests.scheduling import SLOW_S, DurationRecorder, mark_and_order, base_id
+from tests.scheduling import SLOW_S, DurationRecorder, base_id, forecast, mark_and_order
 
 
 class Item:
@@ -22,6 +22,9 @@ class Item:
 
     def marked(self, name: str) -> list:
         return [mark.args for mark in self.marks if mark.name == name]
+
+    def iter_markers(self, name: str):
+        return (mark for mark in self.marks if mark.name == name)
 
 
 def test_resources_share_a_group_modules_share_their_fixtures_and_the_longest_go_first():
@@ -46,6 +49,20 @@ def test_resources_that_one_test_uses_together_are_held_by_one_worker():
     mark_and_order([ray, served, both, page], {})
     assert ray.marked("xdist_group") == served.marked("xdist_group") == both.marked("xdist_group") == [("ray+vllm",)]
     assert page.marked("xdist_group") == [("browser",)]
+
+
+def test_the_forecast_replays_xdists_hand_out_of_groups_whole():
+    served = [Item(f"s.py::test_{n}", vllm_server="session") for n in range(4)]  # one group: 4 x 10 s
+    alone = [Item("a.py::test_a"), Item("b.py::test_b"), Item("c.py::test_c")]
+    durations = {**{item.nodeid: 10.0 for item in served}, "a.py::test_a": 30.0, "b.py::test_b": 20.0,
+                 "c.py::test_c": 5.0}
+    items = [*alone, *served]
+    mark_and_order(items, durations)
+    assert items == [*served, *alone]
+    # Worker 0 takes the group, worker 1 test_a and at once test_b (one test left is two or fewer); test_c goes to
+    # the worker that next has two or fewer left: worker 1, after test_a, though worker 0 would finish first.
+    assert forecast(items, durations) == [40.0, 55.0]
+    assert forecast(items, {}) == [0.0, 0.0] and forecast(items, durations, workers=1) == [95.0]
 
 
 def test_slow_comes_from_a_fixture_or_the_recorded_time():

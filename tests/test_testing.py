@@ -20,6 +20,7 @@ from gymnasium import spaces
 
 import simpop
 from simpop import testing
+from simpop.testing.harness import first_difference, sample_actions
 from simpop.envs.dialogue import DialogueEnv, Outcome, Turn
 from simpop.envs.registration import load, spec
 
@@ -295,7 +296,7 @@ class EndsOnFirstGuess(TinyEnv):
 def test_pickle_check_retries_a_first_step_that_ends_the_episode():
     first_try = EndsOnFirstGuess()
     first_try.reset(seed=0)
-    first_try.step(testing._sample_actions(first_try, 0))
+    first_try.step(sample_actions(first_try, 0))
     assert first_try.done  # the check's first sampled action would leave nothing to pickle mid-episode
     testing.check_pickle(EndsOnFirstGuess)
 
@@ -391,6 +392,6 @@ def test_a_simulator_that_never_gets_a_turn_is_reported():
 def test_first_difference_points_at_the_change():
     a = {"obs": [np.zeros(3, np.float32), 1.0], "info": {"x": float("nan")}}
     b = {"obs": [np.array([0, 1, 0], np.float32), 1.0], "info": {"x": float("nan")}}
-    assert testing._first_difference(a, a) is None
-    assert testing._first_difference(a, b).startswith("['obs'][0]: array(")
-    assert "int 1 != float 1.0" in testing._first_difference([1], [1.0])
+    assert first_difference(a, a) is None
+    assert first_difference(a, b).startswith("['obs'][0]: array(")
+    assert "int 1 != float 1.0" in first_difference([1], [1.0])

@@ -49,6 +49,9 @@ def test_env_arguments_follow_the_same_rules():
     _refused(lambda: simpop.make(ACT, max_turns=True), "argument max_turns must be an integer, got True")
     with pytest.raises(TypeError, match="unknown argument"):
         simpop.make(ACT, maxturns=3)
+    # A simulator fills the user seat of gymnasium.make's single-agent view; the two-seat env says where to go.
+    with pytest.raises(TypeError, match=r"simpop.make builds the two-seat PettingZoo env.*gymnasium.make\("):
+        simpop.make(ACT, simulator="persuadee")
 
 
 def test_panel_files_are_checked(tmp_path):

@@ -86,7 +86,8 @@ def algorithms(_: str | None) -> str:
 def dialogue(env_id: str | None) -> str:
     """One dialogue of ``env_id``: its reference agent against its native simulator, run now (seed 0)."""
     import simpop
-    from simpop.evaluation.eval_run import evaluate_panel, read_records
+    from simpop.evaluation.eval_records import read_records
+    from simpop.evaluation.eval_run import evaluate_panel
     from simpop.evaluation.policies import reference_policy
     from simpop.simulators.registry import load_panel
 

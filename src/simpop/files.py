@@ -3,7 +3,8 @@
 :func:`atomic_path` yields a temporary path in the target's folder; when the block ends without an error the
 file is fsynced and renamed over the target (``os.replace`` is atomic on one filesystem) and the folder is
 fsynced, so the rename itself survives a crash; on an error the temporary file is removed and the target stays
-as it was. :func:`write_atomically` writes bytes or text that way.
+as it was. :func:`write_atomically` writes bytes or text that way; :func:`append_durably` appends text in one
+fsynced write (a log a kill may cut only at its end).
 
 :func:`run_lock` gives a folder one writer: every command that writes a run folder (``simpop train``,
 ``experiment``, ``eval``, ``audit --out``, ``openenv serve --cotrain-dir``) holds its lock (``filelock``, an
@@ -47,6 +48,16 @@ def write_atomically(path: str | Path, data: bytes | str) -> None:
     """Write ``data`` (text as UTF-8) to ``path`` through :func:`atomic_path`."""
     with atomic_path(path) as tmp:
         tmp.write_bytes(data.encode("utf-8") if isinstance(data, str) else data)
+
+
+def append_durably(path: str | Path, text: str) -> None:
+    """Append ``text`` (UTF-8) to ``path`` in one write, flushed and fsynced (nothing for empty text)."""
+    if not text:
+        return
+    with open(path, "a", encoding="utf-8") as f:
+        f.write(text)
+        f.flush()
+        os.fsync(f.fileno())
 
 
 def fsync_dir(folder: str | Path) -> None:

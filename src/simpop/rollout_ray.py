@@ -153,9 +153,6 @@ class RolloutWorker:
         out = []
         for jobs, rng in waves:
             self.engine.stats = RolloutStats()
-            begin_wave = getattr(policy_obj, "begin_wave", None)
-            if callable(begin_wave):  # policies that read their dialogues' envs (scripted, text formats)
-                begin_wave(self.engine.env_pool(len(jobs)))
             start = time.perf_counter()
             trajectories = self.engine.run_wave(jobs, rng)
             self.engine.stats.total_s = time.perf_counter() - start
@@ -324,9 +321,6 @@ class RayRolloutEngine(RolloutEngine):
         out = []
         for jobs, rng in waves:
             self.stats, before = RolloutStats(), self.stats
-            begin_wave = getattr(self.policy, "begin_wave", None)
-            if callable(begin_wave):
-                begin_wave(self.env_pool(len(jobs)))
             trajectories = self.run_wave(jobs, rng)
             views = [self.env_view(env) for env in self.env_pool(len(jobs))] if self.env_view else []
             out.append((trajectories, self.stats, views))

@@ -4,8 +4,10 @@ This is simpop's lowest layer (it imports nothing else from simpop), so that env
 trainers and evaluation all speak the same contract without importing each other:
 
 - :class:`Scenario`: what a benchmark's scenario offers whoever plays the user seat.
-- :class:`Simulator`: whatever fills the user (or teammate) seat, driving many dialogues at once
-  through *slots*; :class:`DistributionalSimulator`: one that can state its reply distribution;
+- :class:`Player`: whatever fills a seat, policy or user, driving many dialogues at once through *slots*;
+  :func:`sample_rows`: one action per row of action probabilities, each with its row's generator.
+- :class:`Simulator`: a player of the user (or teammate) seat, which also hears the policy's rewards;
+  :class:`DistributionalSimulator`: one that can state its reply distribution;
   :class:`Trainable`: one whose parameters a co-trainer updates (with :class:`Scores`); :func:`choice_rows`:
   what each slot's generator picks from its distribution, for many slots at once.
 - :class:`Survey` / :func:`survey_of`: a closing question with fixed options that an env may ask the user
@@ -90,17 +92,58 @@ class TextFormat(Protocol):
         ...
 
 
-# ================================================================================ simulators
-class Simulator(ABC):
-    """Base class for user simulators.
+# ================================================================================ players
+class Player(ABC):
+    """Whatever fills a seat (the policy's or the user's): it plays many dialogues at once through *slots*.
 
-    A simulator drives many dialogues at once through *slots*: :meth:`reset_batch` starts one
-    dialogue per slot (scenario + random generator), :meth:`act_batch` answers the pending
-    observations of some slots in one call. :meth:`reset` / :meth:`act` are slot 0 of a batch of one,
-    which is what the single-agent ``UserSeat`` view uses.
+    :meth:`reset_batch` starts one dialogue per slot with its scenario and random generator; :meth:`act_batch`
+    answers the pending observations of some slots in one call. The rollout engine gives the user seat each env's
+    own generator (``env.user_rng()``) and the policy seat the wave's generator in every slot, so a policy's draws
+    are one stream per wave, in the order it asks. A player may also say how uncertain it was
+    (``entropy(trajectories)``, nats; evaluation reports nan without it) and that it draws nothing
+    (``rng_free = True``).
 
     Attributes:
         name: A short identifier, unique within a population (used in logs and reports).
+        rngs: Each slot's generator, as :meth:`reset_batch` got them.
+    """
+
+    name: str = "player"
+    rngs: list[np.random.Generator]
+
+    def reset_batch(self, scenarios: list[Any], rngs: list[np.random.Generator]) -> None:
+        """Start ``len(scenarios)`` dialogues in slots ``0..n-1``, discarding earlier slots (the default keeps the
+        generators in :attr:`rngs`)."""
+        if len(scenarios) != len(rngs):
+            raise ValueError(f"reset_batch got {len(scenarios)} scenarios but {len(rngs)} generators")
+        self.rngs = list(rngs)
+
+    @abstractmethod
+    def act_batch(self, observations: list[Any], slots: list[int]) -> list[Any]:
+        """Actions for the given slots' pending observations (one per slot, in order), computed together where
+        possible."""
+
+    def record(self, slot: int) -> dict[str, Any]:
+        """:class:`~simpop.rollout.Trajectory` fields the player kept of ``slot``'s finished dialogue (a token
+        policy: its token ids, log-probs and mask); none by default."""
+        return {}
+
+
+def sample_rows(probs: np.ndarray, rngs: Sequence[np.random.Generator]) -> list[int]:
+    """Per row of ``probs`` (action probabilities), the action that one ``random()`` draw of the row's generator
+    picks by inverse CDF; rows that share a generator draw from it in row order."""
+    u = np.array([rng.random() for rng in rngs])
+    cdf = np.cumsum(probs, axis=1)  # (cdf <= u).sum() is searchsorted(cdf, u, side="right") for every row at once
+    return np.minimum((cdf <= u[:, None]).sum(axis=1), probs.shape[1] - 1).tolist()
+
+
+# ================================================================================ simulators
+class Simulator(Player):
+    """A player of the user (or teammate) seat.
+
+    Besides the :class:`Player` contract it hears the policy's rewards (:meth:`feedback`), names the concrete
+    simulator behind a slot (:meth:`member`, populations) and says what it is (:attr:`spec`).
+    :meth:`reset` / :meth:`act` are slot 0 of a batch of one, which is what the single-agent ``UserSeat`` view uses.
     """
 
     name: str = "simulator"
@@ -112,14 +155,6 @@ class Simulator(ABC):
     def act(self, observation: Any) -> Any:
         """The action for slot 0's pending observation."""
         return self.act_batch([observation], [0])[0]
-
-    @abstractmethod
-    def reset_batch(self, scenarios: list[Any], rngs: list[np.random.Generator]) -> None:
-        """Start ``len(scenarios)`` dialogues in slots ``0..n-1``, discarding earlier slots."""
-
-    @abstractmethod
-    def act_batch(self, observations: list[Any], slots: list[int]) -> list[Any]:
-        """Actions for the given slots' pending observations, computed together where possible."""
 
     def feedback(self, slots: list[int], rewards: list[float]) -> None:
         """Hear the policy's final reward for finished dialogues (populations track failure rates)."""

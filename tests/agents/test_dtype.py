@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 
 from simpop.agents.policy import ModelConfig
-from simpop.agents.transformers_backend import cpu_dtype, resolve_dtype
+from simpop.agents.process_tuning import cpu_dtype, resolve_dtype
 
 
 def test_auto_resolves_by_device_and_cpu_and_explicit_values_stay():

@@ -9,7 +9,10 @@ from pathlib import Path
 import pytest
 
 from simpop.agents.base import SamplingParams
-from simpop.agents.embedded import cache_dir, cached_build, embedded_model_path
+from simpop.agents.embedded import EMBEDDED_MODELS, _as_declared, _package_dir, cache_dir, cached_build, embedded_model_path
+
+#: Text whose spaces only a byte-level decoder keeps (SmolLM2's JSON-schema mask needs them).
+TEXT = ' {"name": "Save the Children", "amount": 0.5}'
 
 
 def test_cache_dir_follows_the_environment(monkeypatch, tmp_path):
@@ -61,6 +64,8 @@ def test_unknown_embedded_model():
 
 
 def test_conversion_into_a_fresh_cache(monkeypatch, tmp_path, one_torch_thread):
+    from transformers import AutoTokenizer
+
     from simpop.agents.transformers_backend import TransformersBackend
 
     monkeypatch.setenv("SIMPOP_CACHE_DIR", str(tmp_path))
@@ -73,8 +78,31 @@ def test_conversion_into_a_fresh_cache(monkeypatch, tmp_path, one_torch_thread):
     assert embedded_model_path() == path
     assert time.perf_counter() - start < 0.1  # a cache hit does no work
 
+    tokenizer = AutoTokenizer.from_pretrained(path)
+    assert (tokenizer.eos_token, tokenizer.pad_token) == ("<|im_end|>", "<|im_end|>")  # as the GGUF declares them
+    assert tokenizer.decode(tokenizer.encode(TEXT, add_special_tokens=False)) == TEXT  # byte-level spaces kept
+
     params = SamplingParams(max_new_tokens=4)
     chat = [{"role": "user", "content": "Name a colour."}]
     fresh = TransformersBackend(path).generate([chat], params)[0]
     monkeypatch.delenv("SIMPOP_CACHE_DIR")  # the default cache, converted the same way
     assert fresh.token_ids == TransformersBackend().generate([chat], params)[0].token_ids
+
+
+def test_a_tokenizer_read_as_sentencepiece_is_restored_to_the_gguf_declaration():
+    """transformers 5.17 reads SmolLM2's byte-level BPE as SentencePiece and its eos from bos; the conversion undoes it."""
+    from tokenizers import decoders
+    from transformers import AutoTokenizer
+
+    package, gguf_file, _ = EMBEDDED_MODELS["smollm2"]
+    tokenizer = AutoTokenizer.from_pretrained(str(embedded_model_path()))
+    ids = tokenizer.encode(TEXT, add_special_tokens=False)
+    backend = tokenizer.backend_tokenizer  # as 5.17 builds it
+    backend.decoder = decoders.Sequence([decoders.ByteFallback(), decoders.Fuse(), decoders.Replace("\u2581", " "),
+                                         decoders.ByteLevel()])
+    backend.model.byte_fallback, backend.model.fuse_unk, backend.model.unk_token = True, True, "<|endoftext|>"
+    tokenizer.eos_token, tokenizer.pad_token = "<|im_start|>", None
+    restored = _as_declared(tokenizer, _package_dir(package) / gguf_file)
+    assert (restored.eos_token, restored.pad_token, restored.bos_token) == ("<|im_end|>", "<|im_end|>", "<|im_start|>")
+    assert isinstance(restored.backend_tokenizer.decoder, decoders.ByteLevel)  # what llguidance's mask reads
+    assert restored.encode(TEXT, add_special_tokens=False) == ids and restored.decode(ids) == TEXT

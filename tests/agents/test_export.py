@@ -20,7 +20,7 @@ class TinyActor(nn.Module):
         super().__init__()
         self.head = nn.Linear(obs_dim, n_actions)
 
-    def act_batch(self, observations, rng):
+    def act_batch(self, observations, slots):
         with torch.no_grad():
             return self.head(torch.as_tensor(np.asarray(observations, dtype=np.float32))).argmax(-1).tolist()
 
@@ -52,8 +52,9 @@ def test_act_policy_round_trip(tmp_path):
     original, restored = policy.state_dict(), loaded.state_dict()
     assert original.keys() == restored.keys() and all(torch.equal(original[k], restored[k]) for k in original)
     obs = np.random.default_rng(0).normal(size=(16, 5))
-    rng = np.random.default_rng
-    assert loaded.act_batch(list(obs), rng(3)) == policy.act_batch(list(obs), rng(3))
+    for p in (loaded, policy):
+        p.reset_batch([None] * 16, [np.random.default_rng(3)] * 16)
+    assert loaded.act_batch(list(obs), list(range(16))) == policy.act_batch(list(obs), list(range(16)))
     # policy.pt is a plain state_dict: loadable without simpop's loader
     plain = torch.load(out / "policy.pt", weights_only=True)
     assert all(torch.equal(plain[k], original[k]) for k in original)

@@ -7,7 +7,7 @@ import torch
 import transformers
 from transformers.cache_utils import DynamicLayer, DynamicSlidingWindowLayer
 
-from simpop.agents.kv_buffer import BufferedLayer, batched_cache, cache_argument
+from simpop.agents.kv_buffer import BufferedLayer, PrefixCache, batched_cache, cache_argument, cached_length
 
 SIZES = dict(num_hidden_layers=2, hidden_size=32, intermediate_size=64, num_attention_heads=4,
              num_key_value_heads=2, vocab_size=50, max_position_embeddings=128)
@@ -84,3 +84,23 @@ def test_cache_argument_names_the_installed_transformers_cache_and_the_name_befo
             raise NotImplementedError
 
     assert cache_argument(Older()) == "past_key_values"
+
+
+def test_prefix_cache_keeps_one_entry_per_dialogue_within_its_memory_bound():
+    def kv(tokens: int):  # 64 bytes a token
+        return [(torch.zeros(2, tokens, 4), torch.zeros(2, tokens, 4))]
+
+    cache = PrefixCache(size=8, max_bytes=64 * 20)
+    cache.remember("a", [1, 2, 3], kv(3))
+    cache.remember("a", [1, 2, 3, 4, 5], kv(5))  # the dialogue's next turn replaces its entry
+    cache.remember("b", [1, 2, 3], kv(3))  # another view (adapter) keeps its own
+    assert list(cache.entries) == [("a", (1, 2, 3, 4, 5)), ("b", (1, 2, 3))] and cache.bytes == 64 * 8
+    assert cached_length(cache.longest("a", [1, 2, 3, 9])) == 3 and cache.longest("a", [7, 1]) is None
+    assert cached_length(cache.longest("a", [1, 2, 3, 4, 5])) == 4  # the prompt's last token is always read
+    cache.remember("a", [7] * 14, kv(14))  # past the memory bound: the least recently used goes
+    assert list(cache.entries) == [("a", (1, 2, 3, 4, 5)), ("a", (7,) * 14)] and cache.bytes == 64 * 19
+    cache.check("weights 1")
+    cache.check("weights 1")
+    assert not cache.entries and cache.bytes == 0  # dropped once, when the weights changed
+    with pytest.raises(ValueError, match="size >= 1 and max_bytes >= 1"):
+        PrefixCache(size=0)

@@ -182,7 +182,7 @@ def test_the_prefix_cache_composes_with_the_constraint(smollm2):
 def test_the_mask_allows_the_schema_then_only_end_of_turn(smollm2):
     import torch
 
-    from simpop.agents.transformers_backend import JSONSchemaMask
+    from simpop.agents.json_mask import JSONSchemaMask
 
     schema = {"type": "object", "properties": {"a": {"type": "integer"}}, "required": ["a"],
               "additionalProperties": False}

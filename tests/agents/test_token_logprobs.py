@@ -7,7 +7,9 @@ import platform
 import pytest
 import torch
 
-from simpop.agents.transformers_backend import TransformersBackend, fix_mmap_threshold, micro_batches
+from simpop.agents.process_tuning import fix_mmap_threshold
+from simpop.agents.scoring import micro_batches
+from simpop.agents.transformers_backend import TransformersBackend
 
 PROMPTS = ["Say hello to the new neighbours.", "What is the capital of France?", "Count to five."]
 REPLIES = ["Hello, and welcome!", "Paris.", "One, two, three, four, five."]

@@ -3,11 +3,13 @@ fills a cache runs on the one-layer ``tiny_model`` (plumbing, not the model's an
 
 from __future__ import annotations
 
+import math
+
 import pytest
 import torch
 
 from simpop.agents.base import SamplingParams, TokenBackend
-from simpop.agents.transformers_backend import TransformersBackend
+from simpop.agents.transformers_backend import RowSampler, TransformersBackend, row_generator
 
 pytestmark = pytest.mark.usefixtures("one_torch_thread")
 
@@ -74,6 +76,27 @@ def test_seeded_sampling_is_reproducible_and_leaves_the_global_rng_alone(tiny):
         for g in backend.generate([HELLO] * 3, SamplingParams(max_new_tokens=8, temperature=1.0, seed=8))
     ]
     assert other != first
+
+
+def test_a_sampled_row_draws_the_same_whatever_its_batch_mates(tiny):
+    backend = tiny
+    params = SamplingParams(max_new_tokens=8, temperature=1.0, top_p=0.9, seed=3, logprobs=True)
+    pair = backend.generate([HELLO, LONG], params)
+    # Row 1 of the call seeded 3, now in a batch of other calls' rows (another seed, an unseeded row).
+    batch = backend.generate([FRANCE, LONG, HELLO], params, row_seeds=[(5, 0), (3, 1), (None, 0)])
+    assert batch[1].token_ids == pair[1].token_ids and batch[1].logprobs == pytest.approx(pair[1].logprobs, abs=1e-4)
+    assert backend.generate([LONG], params)[0].token_ids != pair[1].token_ids  # row 0 of that call draws otherwise
+    with pytest.raises(ValueError, match="row_seeds needs one"):
+        backend.generate([HELLO], params, row_seeds=[])
+
+
+def test_each_row_draws_from_the_softmax_of_its_scores():
+    n, probabilities = 10_000, torch.tensor([0.5, 0.3, 0.15, 0.05, 0.0])
+    sampler = RowSampler([row_generator(1, row, torch.device("cpu")) for row in range(n)])
+    drawn = sampler(None, probabilities.log().repeat(n, 1)).argmax(-1)  # what generate() then picks
+    frequencies = torch.bincount(drawn, minlength=5) / n
+    assert torch.allclose(frequencies, probabilities, atol=4 * math.sqrt(0.25 / n)) and frequencies[4] == 0
+    assert torch.equal(sampler.logprobs[0], probabilities.log()[drawn])
 
 
 def test_logprobs_match_token_logprobs(tiny):
@@ -249,9 +272,9 @@ def test_prefix_cache_is_dropped_when_weights_change_and_bounded(tiny_model):
     backend.clear_prefix_cache()
     backend.generate_ids([second.prompt_ids + second.token_ids + [28]], params)
     assert backend.prefix_misses == misses + 2
-    for index in range(backend.prefix_cache_size + 2):
+    for index in range(backend.prefixes.size + 2):
         backend.generate_ids([first.prompt_ids + [28 + index]], params)
-    assert len(backend._prefixes) == backend.prefix_cache_size
+    assert len(backend.prefixes.entries) == backend.prefixes.size
     with pytest.raises(ValueError, match="prefix_cache_size must be >= 1"):
         TransformersBackend(prefix_cache=True, prefix_cache_size=0)
 

@@ -9,7 +9,7 @@ import pytest
 
 from simpop.serve.server import make_server
 from simpop.cli import main
-from simpop.evaluation.eval_run import EPISODES, read_records
+from simpop.evaluation.eval_records import EPISODES, read_records
 from tests.agents.fakes import EchoBackend
 
 ACT = ["--env", "simpop/PersuasionAct-v0", "--env-arg", "max_turns=4", "--no-progress", "--threads", "1"]

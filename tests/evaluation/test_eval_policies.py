@@ -11,17 +11,19 @@ import yaml
 
 import simpop
 from simpop.agents.policy import ActPolicy
-from simpop.evaluation.policies import (GoldTau2Agent, PolicySpecError, ReferencePersuader, SeatSimulator, TextPolicy,
-                                        load_policy, observation_chat)
+from simpop.envs.persuasion.reference import ReferencePersuader
+from simpop.envs.tau2.reference import GoldTau2Agent
+from simpop.evaluation.policies import PolicySpecError, TextPolicy, load_policy, observation_chat, policy_format
+from simpop.seat import Player
 from simpop import checkpoint
 
 ENV = "simpop/PersuasionAct-v0"
 
 
-class FirstAct:
+class FirstAct(Player):
     """A scripted policy: always act 0 (no entropy method)."""
 
-    def act_batch(self, observations, rng):
+    def act_batch(self, observations, slots):
         return [0] * len(observations)
 
 
@@ -77,7 +79,7 @@ def test_module_attr_objects_and_factories():
     env = simpop.make(ENV)
     policy = load_policy("tests.evaluation.test_eval_policies:FirstAct", env)  # a class: a zero-argument factory
     assert isinstance(policy, FirstAct)
-    with pytest.raises(PolicySpecError, match="has no act_batch"):
+    with pytest.raises(PolicySpecError, match="not a simpop.seat.Player"):
         load_policy("tests.evaluation.test_eval_policies:NOT_A_POLICY", env)
     with pytest.raises(PolicySpecError, match="cannot import"):
         load_policy("no_such_module_here:thing", env)
@@ -106,7 +108,8 @@ def test_reference_agents_per_benchmark():
 
 def test_text_reference_persuader_renders_its_acts(tmp_path):
     from simpop.envs.persuasion.acts import classify_persuader
-    from simpop.evaluation.eval_run import EPISODES, evaluate_panel, read_records
+    from simpop.evaluation.eval_records import EPISODES, read_records
+    from simpop.evaluation.eval_run import evaluate_panel
     from simpop.simulators.registry import load_panel
 
     env = simpop.make("simpop/Persuasion-v0", max_turns=4)
@@ -136,14 +139,17 @@ def test_text_policy_seeds_calls_from_the_rollout_generator():
     backend = EchoBackend()
     policy = TextPolicy(backend)
     obs = json.dumps({"instructions": "x", "messages": [{"role": "user", "content": "hello"}]})
-    assert policy.act_batch([obs, obs], np.random.default_rng(3)) == ["echo: hello"] * 2
-    policy.act_batch([obs], np.random.default_rng(3))
+    policy.reset_batch(["s", "s"], [np.random.default_rng(3)] * 2)
+    assert policy.act_batch([obs, obs], [0, 1]) == ["echo: hello"] * 2
+    policy.reset_batch(["s"], [np.random.default_rng(3)])
+    policy.act_batch([obs], [0])
     assert backend.calls[0][1] == backend.calls[1][1] and backend.calls[0][0] == 2
     assert not hasattr(policy, "entropy")  # untracked: the runner reports no entropy
 
 
 def test_tau2_gold_and_cooperbench_gold_references(tmp_path):
-    from simpop.evaluation.eval_run import EPISODES, evaluate_panel, read_records
+    from simpop.evaluation.eval_records import EPISODES, read_records
+    from simpop.evaluation.eval_run import evaluate_panel
     from simpop.simulators.registry import load_panel
 
     env = simpop.make("simpop/Tau2-mock-v0")
@@ -173,7 +179,9 @@ def test_tau2_gold_and_cooperbench_gold_references(tmp_path):
         (r.scenario, r.trial, r.reward) for r in records)
     cooper = simpop.make("simpop/CooperBench-mini-v0")
     gold = load_policy("reference", cooper)
-    assert isinstance(gold, SeatSimulator)
+    from simpop.envs.cooperbench.simulators import ScriptedTeammate
+
+    assert isinstance(gold, ScriptedTeammate)
     summary = evaluate_panel("simpop/CooperBench-mini-v0", gold, load_panel({"members": {"t": "native"}}, cooper),
                              episodes=2, seed=0, out=tmp_path / "cb", concurrency=2)
     assert summary["errors"] == 0 and summary["invalid_actions"] == 0 and summary["episodes"] == 2
@@ -196,7 +204,8 @@ def test_a_real_training_run_evaluates(tmp_path):
 
 def test_a_local_text_model_is_deterministic_and_resumes_exactly(tmp_path):
     from simpop.agents.base import SamplingParams
-    from simpop.evaluation.eval_run import EPISODES, evaluate_panel, read_records
+    from simpop.evaluation.eval_records import EPISODES, read_records
+    from simpop.evaluation.eval_run import evaluate_panel
     from simpop.simulators.registry import load_panel
 
     kwargs = {"max_turns": 1}
@@ -219,13 +228,14 @@ def test_a_local_text_model_is_deterministic_and_resumes_exactly(tmp_path):
 
 
 def test_text_policies_use_cooperbenchs_format_for_the_policy_seat(tmp_path):
-    from simpop.evaluation.eval_run import EPISODES, evaluate_panel, read_records
+    from simpop.evaluation.eval_records import EPISODES, read_records
+    from simpop.evaluation.eval_run import evaluate_panel
     from simpop.simulators.registry import load_panel
     from tests.agents.fakes import EchoBackend
 
     kwargs = {"max_steps": 6}
     env = simpop.make("simpop/CooperBench-mini-v0", **kwargs)
-    policy = TextPolicy(EchoBackend())
+    policy = TextPolicy(EchoBackend(), text_format=policy_format(env))
     evaluate_panel("simpop/CooperBench-mini-v0", policy, load_panel({"members": {"t": "native"}}, env), episodes=1,
                    seed=0, out=tmp_path, concurrency=1, env_kwargs=kwargs)
     (record,) = read_records(tmp_path / EPISODES)

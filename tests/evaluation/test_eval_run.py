@@ -12,13 +12,16 @@ import simpop
 from simpop.agents.policy import ActPolicy
 from simpop.envs.persuasion.acts import PERSUADER_ACTS
 from simpop.envs.persuasion.simulators import ActPersuadee
-from simpop.evaluation.eval_run import (EPISODES, compare_evaluations, compare_table, evaluate_panel, plan_episodes,
-                                        read_records)
+from simpop.evaluation.eval_compare import compare_evaluations, compare_table
+from simpop.evaluation.eval_records import EPISODES, read_records
+from simpop.evaluation.eval_run import evaluate_panel, plan_episodes
 from simpop.evaluation.metrics import wilson_ci
 from simpop.evaluation.panel import evaluate
-from simpop.evaluation.policies import ReferencePersuader, load_policy
+from simpop.envs.persuasion.reference import ReferencePersuader
+from simpop.evaluation.policies import load_policy
 from simpop.simulators.population import Panel
 from simpop.simulators.registry import load_panel
+from simpop.seat import Player
 
 ENV = "simpop/PersuasionAct-v0"
 KWARGS = {"max_turns": 6}
@@ -101,17 +104,20 @@ def test_same_seed_same_records_and_panel_evaluate_matches_counts(tmp_path):
     assert 0 <= result.ci[0] <= result.success <= result.ci[1] <= 1
 
 
-class InterruptAfter:
+class InterruptAfter(Player):
     """Delegates to a policy, then raises KeyboardInterrupt (a kill) on call ``calls + 1``."""
 
     def __init__(self, policy, calls):
         self.policy, self.calls, self.n = policy, calls, 0
 
-    def act_batch(self, observations, rng):
+    def reset_batch(self, scenarios, rngs):
+        self.policy.reset_batch(scenarios, rngs)
+
+    def act_batch(self, observations, slots):
         self.n += 1
         if self.n > self.calls:
             raise KeyboardInterrupt
-        return self.policy.act_batch(observations, rng)
+        return self.policy.act_batch(observations, slots)
 
     def entropy(self, trajectories):
         return self.policy.entropy(trajectories)
@@ -149,23 +155,26 @@ def test_resume_after_a_torn_write(tmp_path):
         run(tmp_path, resume=True, seed=8)
 
 
-class RaisesOnTurnFour:
+class RaisesOnTurnFour(Player):
     """An act policy that raises at its fourth turn of a dialogue (longer dialogues fail); entropy unknown."""
 
     def __init__(self):
         self.policy = act_policy()
 
-    def act_batch(self, observations, rng):
+    def reset_batch(self, scenarios, rngs):
+        self.policy.reset_batch(scenarios, rngs)
+
+    def act_batch(self, observations, slots):
         # The persuader observation's second-to-last entry is its turns so far / max_turns.
         if any(round(float(o[-2]) * KWARGS["max_turns"]) == 3 for o in observations):
             raise ValueError("boom: no fourth turn")
-        return self.policy.act_batch(observations, rng)
+        return self.policy.act_batch(observations, slots)
 
 
-class Garbage:
+class Garbage(Player):
     """Returns actions the env rejects."""
 
-    def act_batch(self, observations, rng):
+    def act_batch(self, observations, slots):
         return ["not an act"] * len(observations)
 
 
@@ -211,8 +220,6 @@ def test_reference_persuader_plays_reference_sequences(tmp_path):
         said = [t["text"] for t in record.transcript if t["seat"] == "persuader"]
         assert said and record.policy_turns == len(said) and record.invalid_actions == 0
     assert summary["success"] > 0  # it asks for the donation, unlike most untrained policies
-    with pytest.raises(RuntimeError, match="simpop eval"):
-        load_policy("reference", simpop.make(ENV)).act_batch([np.zeros(40)], np.random.default_rng(0))
 
 
 def test_compare_pairs_member_task_cells(tmp_path):

@@ -8,19 +8,20 @@ import pytest
 
 import simpop
 from simpop.rollout import Job, RolloutEngine
+from simpop.seat import Player
 from simpop.simulators.registry import build_simulator
 
 ENV = "simpop/PersuasionAct-v0"
 KWARGS = {"max_turns": 4}
 
 
-class Miscounting:
+class Miscounting(Player):
     """An act-level policy returning ``extra`` more (or fewer) actions than it was asked for."""
 
     def __init__(self, extra: int):
         self.extra = extra
 
-    def act_batch(self, observations, rng):
+    def act_batch(self, observations, slots):
         return [0] * max(0, len(observations) + self.extra)
 
 
@@ -34,7 +35,7 @@ def test_a_policy_batch_of_the_wrong_length_is_an_error_not_truncated(extra):
 
 
 def test_resume_drops_a_line_torn_inside_a_multibyte_character_and_records_of_the_wrong_types(tmp_path):
-    from simpop.evaluation.eval_run import EPISODES, read_records
+    from simpop.evaluation.eval_records import EPISODES, read_records
     from tests.evaluation.test_eval_run import run
 
     whole = run(tmp_path, episodes=3)
@@ -49,13 +50,13 @@ def test_resume_drops_a_line_torn_inside_a_multibyte_character_and_records_of_th
     assert resumed == whole and len(read_records(path)) == len(lines)
 
 
-class Blocking:
+class Blocking(Player):
     """An act-level policy that waits (at most 20 s) for ``go`` before its first action."""
 
     def __init__(self, go):
         self.go, self.started = go, __import__("threading").Event()
 
-    def act_batch(self, observations, rng):
+    def act_batch(self, observations, slots):
         self.started.set()
         self.go.wait(20)
         return [0] * len(observations)
@@ -64,7 +65,7 @@ class Blocking:
 def test_two_runs_never_write_one_out_folder(tmp_path):
     import threading
 
-    from simpop.evaluation.eval_run import EPISODES, read_records
+    from simpop.evaluation.eval_records import EPISODES, read_records
     from tests.evaluation.test_eval_run import run
 
     go = threading.Event()

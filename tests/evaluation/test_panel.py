@@ -13,6 +13,7 @@ from simpop.envs import make
 from simpop.envs.persuasion.simulators import ActPersuadee
 from simpop.evaluation.panel import EnvPool, evaluate, policy_entropy
 from simpop.rollout import RolloutEngine
+from simpop.seat import Player
 from simpop.simulators.population import Panel
 
 ENV = "simpop/PersuasionAct-v0"
@@ -30,19 +31,14 @@ def test_panel_evaluation_per_member_and_entropy():
     assert single.per_member == {"cold": result.per_member["cold"]}
 
 
-class _Waved(ActPolicy):
-    """An act policy that asks for its wave's envs, so its dialogues step env by env (not as arrays)."""
-
-    def begin_wave(self, envs):
-        self.envs = envs
-
-
 @pytest.mark.parametrize("stepping", ["arrays", "env by env"])
-def test_a_kept_pool_and_outcomes_only_give_what_fresh_envs_give(stepping):
+def test_a_kept_pool_and_outcomes_only_give_what_fresh_envs_give(stepping, monkeypatch):
     """Envs reused from an earlier evaluation (left at the end of other dialogues) give the same dialogues as
     fresh envs, and ``records=False`` the same outcomes without records."""
+    if stepping == "env by env":
+        monkeypatch.setattr(RolloutEngine, "_vector_wave", lambda self, envs: None)
     panel = Panel([ActPersuadee(temperature=0.7, name="cold"), ActPersuadee(temperature=1.5, name="hot")])
-    policy = (ActPolicy if stepping == "arrays" else _Waved).for_env(make(ENV), seed=0)
+    policy = ActPolicy.for_env(make(ENV), seed=0)
     kwargs = {"max_turns": 6}
     pool = EnvPool(lambda: make(ENV, **kwargs))
     evaluate(ENV, policy, ActPersuadee(decoding="greedy", name="other"), 20, seed=1, env_kwargs=kwargs, pool=pool)
@@ -71,10 +67,10 @@ def test_policy_entropy_is_the_policys_own_measure_or_nan():
     assert math.isnan(policy_entropy(policy, []))
 
 
-class Scripted:
+class Scripted(Player):
     """A policy with no entropy method (a scripted agent): always the first act."""
 
-    def act_batch(self, observations, rng):
+    def act_batch(self, observations, slots):
         return [0] * len(observations)
 
 

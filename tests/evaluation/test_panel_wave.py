@@ -10,16 +10,17 @@ import pytest
 from simpop.agents.vllm_backend import ServedModels, VLLMBackend
 from simpop.envs.registration import make
 from simpop.rollout import Job, RolloutEngine
+from simpop.seat import Player
 from simpop.simulators.panel_wave import PanelWave
 from simpop.simulators.registry import build_many
 
 ENV = "simpop/PersuasionAct-v0"
 
 
-class Greedy:
+class Greedy(Player):
     """A deterministic act-level policy (its choices do not depend on the rollout generator)."""
 
-    def act_batch(self, observations, rng):
+    def act_batch(self, observations, slots):
         return [int(np.argmax(np.asarray(o)[:len(o) // 2])) % 14 for o in observations]
 
 
@@ -47,7 +48,8 @@ def test_every_member_plays_as_alone(concurrent: bool) -> None:
 def test_one_wave_eval_writes_the_member_by_member_records(tmp_path) -> None:
     """``evaluate_panel(one_wave=True)``: the same records as member by member for a policy that draws nothing;
     a resume after a torn write completes them."""
-    from simpop.evaluation.eval_run import EPISODES, evaluate_panel, read_records
+    from simpop.evaluation.eval_records import EPISODES, read_records
+    from simpop.evaluation.eval_run import evaluate_panel
     from simpop.simulators.population import Panel
 
     def run(out, one_wave, resume=False):
@@ -115,7 +117,7 @@ def test_eval_with_llm_members_on_a_vllm_server(vllm_server, tmp_path) -> None:
     """τ² mock with the gold agent: the scripted user and two SmolLM2 users (greedy and sampled) in one wave,
     the SmolLM2 users generating on one vLLM server (the session's), their calls of a tick sent together."""
     from simpop.cli import main
-    from simpop.evaluation.eval_run import EPISODES, read_records
+    from simpop.evaluation.eval_records import EPISODES, read_records
 
     panel = tmp_path / "panel.yaml"
     panel.write_text(json.dumps({"name": "mock-two-llms", "members": {
@@ -123,12 +125,11 @@ def test_eval_with_llm_members_on_a_vllm_server(vllm_server, tmp_path) -> None:
         "sampled": "frozen:smollm2?temperature=1.0&max_new_tokens=24"}}))
     out = tmp_path / "eval"
     code = main(["eval", "--env", "simpop/Tau2-mock-v0", "--policy", "reference", "--panel", str(panel),
-                 "--num-trials", "1", "--env-arg", "max_steps=8", "--sim-generator", f"vllm:{vllm_server.base_url}",
+                 "--episodes", "2", "--env-arg", "max_steps=8", "--sim-generator", f"vllm:{vllm_server.base_url}",
                  "--no-progress", "--out", str(out)])
     assert code == 0
     records = read_records(out / EPISODES)
-    tasks = len(make("simpop/Tau2-mock-v0").scenario_ids())
-    assert len(records) == 3 * tasks and not any(r.error for r in records)
+    assert len(records) == 3 * 2 and not any(r.error for r in records)
     llm = [r for r in records if r.member != "scripted"]
     assert all(any(t["seat"] != "agent" and t["text"] for t in r.transcript) for r in llm)
     # The members' backend was the server's.
@@ -141,8 +142,10 @@ def test_eval_runs_one_wave_by_default_where_the_records_are_the_same(tmp_path) 
     member for one that samples (one wave would change its draws); the gold τ² agent and greedy text policies
     draw nothing."""
     from simpop.agents.base import SamplingParams
-    from simpop.evaluation.eval_run import EPISODES, draws_nothing, evaluate_panel
-    from simpop.evaluation.policies import GoldTau2Agent, TextPolicy
+    from simpop.evaluation.eval_records import EPISODES
+    from simpop.evaluation.eval_run import draws_nothing, evaluate_panel
+    from simpop.envs.tau2.reference import GoldTau2Agent
+    from simpop.evaluation.policies import TextPolicy
     from simpop.simulators.population import Panel
 
     class Free(Greedy):
@@ -165,7 +168,8 @@ def test_a_member_that_raises_in_a_wave_reruns_alone_episode_by_episode(tmp_path
     """One member's simulator fails on one dialogue every time: the others rerun together and keep their records,
     the failing member runs episode by episode (two runs of its chunk, not three) and records that one error."""
     from simpop.envs.persuasion.simulators import ActPersuadee
-    from simpop.evaluation.eval_run import EPISODES, evaluate_panel, read_records
+    from simpop.evaluation.eval_records import EPISODES, read_records
+    from simpop.evaluation.eval_run import evaluate_panel
     from simpop.simulators.population import Panel
 
     class FailsOn(ActPersuadee):

@@ -15,7 +15,7 @@ from simpop.envs.persuasion.personas import modal_persona
 from simpop.envs.persuasion.simulators import ActPersuadee, TextPersuadee
 from simpop.envs.persuasion.trainable import TrainableActPersuadee
 from simpop.evaluation.metrics import WALL_CLOCK_KEYS
-from simpop.evaluation.report import SUMMARY_METRICS
+from simpop.experiments.collapse_report import SUMMARY_METRICS
 from simpop.experiments.collapse import descriptions, run_collapse
 from simpop.experiments.conditions import (DEFAULT_CONDITIONS, CORPUS_PANEL_TEMPERATURES, PANEL_TEMPERATURES,
                                            ROBUST_PANEL_TEMPERATURES, TEXT_PANEL_LLM_TEMPERATURES, CollapseConfig,

@@ -39,12 +39,12 @@ def run_in(python: str, *args: str, timeout: float = 600) -> subprocess.Complete
 
 
 def doc_example(marker: str, language: str = "python") -> str:
-    """The one ``language`` block of ``docs/integrations.md`` that contains ``marker`` (tests run the copy-paste
-    examples as written)."""
+    """The one ``language`` block of the integration pages (``docs/integrations/*.md``) that contains ``marker``
+    (tests run the copy-paste examples as written)."""
     import re
 
-    page = (ROOT / "docs" / "integrations.md").read_text()
-    blocks = [m["body"] for m in re.finditer(rf"^```{language}\n(?P<body>.*?)^```", page, re.S | re.M)
+    blocks = [m["body"] for page in sorted((ROOT / "docs" / "integrations").glob("*.md"))
+              for m in re.finditer(rf"^```{language}\n(?P<body>.*?)^```", page.read_text(), re.S | re.M)
               if marker in m["body"]]
-    assert len(blocks) == 1, f"{len(blocks)} {language} blocks of docs/integrations.md contain {marker!r}"
+    assert len(blocks) == 1, f"{len(blocks)} {language} blocks of docs/integrations/*.md contain {marker!r}"
     return blocks[0]

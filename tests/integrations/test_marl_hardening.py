@@ -81,18 +81,19 @@ def test_without_realism_the_flag_is_still_numeric_and_kept():
 
 
 @pytest.mark.parametrize("config, field", [
-    ({"lr": float("nan")}, "lr"), ({"lr": 0.0}, "lr"), ({"envs": 0}, "envs"), ({"minibatch_size": 0}, "minibatch_size"),
-    ({"iterations": -1}, "iterations"), ({"iterations": 4.7}, "iterations"), ({"frames_per_batch": 0}, "frames_per_batch"),
-    ({"epochs": 0}, "epochs"), ({"hidden": 0}, "hidden"), ({"lmbda": 1.5}, "lmbda"), ({"clip_epsilon": 0.0}, "clip_epsilon"),
-    ({"policy_entropy": -0.1}, "policy_entropy"), ({"seed": -1}, "seed"), ({"env_id": 3}, "env_id"),
+    ({"lr": float("nan")}, "lr"), ({"lr": 0.0}, "lr"), ({"n_envs": 0}, "n_envs"),
+    ({"minibatch_size": 0}, "minibatch_size"), ({"iterations": -1}, "iterations"), ({"iterations": 4.7}, "iterations"),
+    ({"n_steps": 0}, "n_steps"), ({"epochs": 0}, "epochs"), ({"hidden_size": 0}, "hidden_size"),
+    ({"gae_lambda": 1.5}, "gae_lambda"), ({"clip_eps": 0.0}, "clip_eps"), ({"ent_coef": -0.1}, "ent_coef"),
+    ({"seed": -1}, "seed"), ({"env_id": 3}, "env_id"),
+    ({"gamma": 1.5}, "gamma"), ({"vf_coef": -1.0}, "vf_coef"), ({"max_grad_norm": -1.0}, "max_grad_norm"),
 ])
-def test_the_torchrl_configs_refuse_bad_values_naming_the_field(config, field):
-    from simpop.integrations.torchrl_marl import MarlConfig, PPOConfig
+def test_the_marl_config_refuses_bad_values_naming_the_field(config, field):
+    from simpop.integrations.torchrl_marl import MarlConfig
 
-    for cls in (PPOConfig, MarlConfig):
-        with pytest.raises(ValueError, match=rf"^{cls.__name__}: {field} ") as error:
-            cls(**config)
-        assert "\n" not in str(error.value)
+    with pytest.raises(ValueError, match=rf"^MarlConfig: {field} ") as error:
+        MarlConfig(**config)
+    assert "\n" not in str(error.value)
 
 
 @pytest.mark.parametrize("config, field", [

@@ -71,13 +71,16 @@ def test_greedy_batched_replies_equal_unbatched_ones(tiny_model):
     assert runs[8, "batches"] < runs[1, "batches"] == 8  # 4 sessions x 2 replies, in fewer calls
 
 
-def test_a_seeded_session_samples_the_same_whatever_else_is_under_way(tiny_model):
+def test_a_seeded_session_samples_the_same_whatever_else_is_in_its_batch(tiny_model):
     spec = f"frozen:transformers:{tiny_model}?max_new_tokens=6&temperature=1.0"
     source = UserSeatSource(TEXT, [spec], env_kwargs={"max_turns": 3}, calls=ModelCalls(batch_window_s=0.2))
     with make_server(source, port=0, limits=LIMITS).start() as server:
         alone = asyncio.run(dialogues(server.url, [5]))[0]
+        before = source.calls.batches
         crowded = asyncio.run(dialogues(server.url, [5, 6, 7, 8, 9, 10]))
+        batches = source.calls.batches - before
     assert crowded[0] == alone and len(set(map(tuple, crowded))) > 1
+    assert batches < 12  # 6 sessions x 2 sampled replies shared calls
 
 
 def test_a_session_that_errs_or_disconnects_mid_batch_leaves_its_batch_mates_alone():
@@ -148,18 +151,38 @@ def test_model_calls_refuse_bad_settings():
         ModelCalls(max_batch=0)
 
 
-def test_greedy_jobs_batch_whatever_their_seed_and_seeded_sampling_runs_alone():
+class RowSeededEcho(EchoBackend):
+    """An echo backend that draws each sampled row apart (as TransformersBackend does): records the row seeds."""
+
+    samples_rows_apart = True
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.row_seeds: list[list[tuple[int | None, int]]] = []
+
+    def generate(self, chats, params, row_seeds=None):
+        self.row_seeds.append(row_seeds)
+        return super().generate(chats, params)
+
+
+def test_greedy_jobs_batch_whatever_their_seed_and_seeded_sampling_batches_where_rows_draw_apart():
     from simpop.agents.base import SamplingParams
     from simpop.serve.batching import MicroBatcher
 
-    async def submit(params: list[SamplingParams]) -> list[tuple[int, int | None]]:
-        backend = EchoBackend()
-        batcher = MicroBatcher(backend, window_s=0.2)
-        await asyncio.gather(*(batcher.generate("generate", [[{"role": "user", "content": "hi"}]], p) for p in params))
-        batcher.close()
+    def submit(backend, params: list[SamplingParams]) -> list[tuple[int, int | None]]:
+        async def run():
+            batcher = MicroBatcher(backend, window_s=0.2)
+            chats = [[{"role": "user", "content": "hi"}]]
+            await asyncio.gather(*(batcher.generate("generate", chats * (1 + (p.seed == 2)), p) for p in params))
+            batcher.close()
+
+        asyncio.run(run())
         return backend.calls
 
     greedy = [SamplingParams(max_new_tokens=4, seed=seed) for seed in (1, 2, 3)]
-    assert [rows for rows, _ in asyncio.run(submit(greedy))] == [3]
+    assert [rows for rows, _ in submit(EchoBackend(), greedy)] == [4]
     sampled = [SamplingParams(max_new_tokens=4, temperature=1.0, seed=seed) for seed in (1, 2, 3)]
-    assert sorted(asyncio.run(submit(sampled))) == [(1, 1), (1, 2), (1, 3)]
+    assert sorted(submit(EchoBackend(), sampled)) == [(1, 1), (1, 3), (2, 2)]  # one generator a batch: alone
+    apart = RowSeededEcho()
+    assert [rows for rows, _ in submit(apart, sampled)] == [4]
+    assert apart.row_seeds == [[(1, 0), (2, 0), (2, 1), (3, 0)]]  # each row draws as in its own call

@@ -85,7 +85,7 @@ def test_a_server_tokenizer_gives_token_in_token_out_sessions():
     from simpop.agents.transformers_backend import TransformersBackend
     from simpop.integrations.openenv_client import SimpopEnvClient
     from simpop.integrations.openenv_server import SimpopAction, UserSeatSource, make_server
-    from simpop.rollout import ChatDelta, TokenLedger
+    from simpop.agents.policy import ChatDelta, TokenLedger
 
     backend = TransformersBackend("smollm2")
     source = UserSeatSource("simpop/Persuasion-v1", ["persuadee"], env_kwargs={"max_turns": 2}, tokenizer=backend)

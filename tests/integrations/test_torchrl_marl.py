@@ -21,8 +21,7 @@ import simpop  # noqa: E402
 from simpop.integrations.marl import MarlView  # noqa: E402
 from simpop.integrations.marl_ppo import gain  # noqa: E402
 from simpop.seat import Simulator  # noqa: E402
-from simpop.integrations.torchrl_marl import (MarlConfig, PPOConfig, evaluate, make_marl_env,  # noqa: E402
-                                              train_policy_seat)
+from simpop.integrations.torchrl_marl import MarlConfig, evaluate, make_marl_env, train_policy_seat  # noqa: E402
 from tests.integrations.conftest import doc_example  # noqa: E402
 
 
@@ -94,4 +93,4 @@ def test_evaluation_scores_each_seat_on_fixed_seeds():
 
 def test_a_population_must_be_specs_or_a_factory():
     with pytest.raises(TypeError, match="factory"):
-        train_policy_seat(42, PPOConfig(iterations=1))
+        train_policy_seat(42, MarlConfig(iterations=1))

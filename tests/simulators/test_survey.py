@@ -16,7 +16,7 @@ import torch
 import simpop
 from simpop.agents.base import Chat, SamplingParams
 from simpop.rollout import RolloutEngine
-from simpop.seat import SURVEY_KEY, Scores, Simulator, Survey, SurveyAnswerer, Trainable, survey_of
+from simpop.seat import SURVEY_KEY, Player, Scores, Simulator, Survey, SurveyAnswerer, Trainable, survey_of
 from simpop.simulators.llm import DialogueFormat, LLMSimulator
 from simpop.simulators.verbalized import VerbalizedSimulator, renormalise
 from tests.simulators.fakes import FakeBackend, FakeScenario, observation, verbalized_json
@@ -217,10 +217,10 @@ def test_trainable_simulators_generate_their_survey_answer():
 
 
 # ------------------------------------------------------------------ in the P4G env
-class NeverAsks:
+class NeverAsks(Player):
     """A scripted persuader that never asks for a donation."""
 
-    def act_batch(self, observations: list[Any], rng: np.random.Generator) -> list[str]:
+    def act_batch(self, observations: list[Any], slots: list[int]) -> list[str]:
         return ["Children in need would be so grateful for any help." for _ in observations]
 
 

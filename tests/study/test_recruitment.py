@@ -175,6 +175,34 @@ def test_self_mode_shows_no_persona_and_scores_the_pledge_as_the_env_does(tmp_pa
         make_study(tmp_path / "b", participant_mode="self", bonus=5.0)
 
 
+def test_a_pledge_above_the_bonus_is_refused_in_the_chat_to_be_restated(tmp_path):
+    study = make_study(tmp_path / "s", participant_mode="self", bonus=1.0, primary_outcome="donation")
+    with client_of(study) as client:
+        view = join(client, PROLIFIC_PID=PID).json()
+        key, chat = view["key"], view["chat"]
+        over = client.post(f"/api/chat/{chat}/message", json={"text": "OK, I'll give $1.50 to them."})
+        assert over.status_code == 422 and over.json()["detail"].startswith("Your bonus is $1.00")
+        assert client.get(f"/api/chat/{chat}").json()["messages"] == view["messages"]  # the env never saw it
+        done = client.post(f"/api/chat/{chat}/message", json={"text": "OK, I'll give $0.50 to them."}).json()
+        assert done["turn"] == "done"
+        client.post(f"/api/chat/{chat}/rating", json={"naturalness": 3, "would_talk_again": True})
+        view = join(client, key).json()  # the second chat, to the closing survey
+        while view["survey"] is None:
+            view = client.post(f"/api/chat/{view['chat']}/message", json={"text": "Hmm, tell me more."}).json()
+        over = client.post(f"/api/chat/{view['chat']}/message", json={"text": "I donate $2.00"})
+        assert over.status_code == 422 and "not $2.00" in over.json()["detail"]
+        assert client.post(f"/api/chat/{view['chat']}/message", json={"text": "I donate $1.00"}).json()["turn"] == "done"
+        client.post(f"/api/chat/{view['chat']}/rating", json={"naturalness": 3, "would_talk_again": True})
+    study.close()
+    records = storage.read_chats(tmp_path / "s")
+    assert [(r.info["donation"], r.info["outcome_source"]) for r in records] == [(0.5, "decided_in_dialogue"),
+                                                                                (1.0, "survey")]
+    assert [r.extra["study"]["effort"]["over_bonus"] for r in records] == [1, 1]
+    summary = write_report(tmp_path / "s")
+    assert summary["over_bonus"] == 2
+    assert "(bonus $1.00; 2 pledge(s) above it refused in the chat and restated)" in (tmp_path / "s" / "report.md").read_text()
+
+
 def test_self_mode_and_questionnaire_are_refused_where_the_task_is_the_card():
     from simpop.study.modes import check_mode
 
@@ -256,7 +284,9 @@ def test_the_cli_refuses_bad_study_settings_with_a_one_line_error(tmp_path, caps
              ("--consent", str(tmp_path / "missing.md")): "not a readable UTF-8 text file",
              ("--participant-mode", "self", "--bonus", "3"): "at most $2",
              ("--questionnaire", "shoe_size"): "unknown questionnaire item",
-             ("--primary-outcome", "pledge"): "not success, reward or an info key"}
+             ("--primary-outcome", "pledge"): "not success, reward or an info key",
+             ("--questionnaire-to-policy",): "ask some with --questionnaire",
+             ("--questionnaire", "age", "--questionnaire-to-policy"): "policy A=reference cannot be shown the answers"}
     for extra, message in cases.items():
         assert main([*base, *extra]) == 2, extra
         err = capsys.readouterr().err

@@ -7,7 +7,7 @@ import time
 
 import pytest
 
-from simpop.evaluation.eval_run import read_records
+from simpop.evaluation.eval_records import read_records
 from simpop.study import storage
 from simpop.study.report import write_report
 from simpop.study.study import Study, parse_policies
@@ -164,17 +164,27 @@ def test_a_tau2_customer_is_scored_by_tau2s_evaluator(tmp_path):
 
 
 def test_chats_share_an_arms_model_one_call_at_a_time(tmp_path):
+    import threading
+
     import simpop
+    from simpop.seat import Player
     from simpop.study.chat import Arm
 
-    class Probe:
+    def held_by_another_thread(lock):
+        got = []
+        thread = threading.Thread(target=lambda: got.append(lock.acquire(blocking=False)) or (got[0] and lock.release()))
+        thread.start()
+        thread.join()
+        return not got[0]
+
+    class Probe(Player):
         """Records whether the arm's lock is held while it acts (chats run in threads, the model is shared)."""
 
         def __init__(self):
             self.held = []
 
-        def act_batch(self, observations, rng):
-            self.held.append(arm.lock.locked())
+        def act_batch(self, observations, slots):
+            self.held.append(held_by_another_thread(arm.lock))
             return ["Would you donate?" for _ in observations]
 
     arm = Arm("A", "probe", Probe())

@@ -91,7 +91,8 @@ def test_ppo_exports_its_actor_critic(tmp_path, capsys):
     model = load_exported(out / "final")
     assert isinstance(model, ActorCritic) and _same(model.state_dict(), _final_checkpoint(out)["model"])
     obs = np.zeros((3, manifest["init_args"]["obs_dim"]), dtype=np.float32)
-    assert len(model.act_batch(list(obs), np.random.default_rng(0))) == 3
+    model.reset_batch([None] * 3, [np.random.default_rng(0)] * 3)
+    assert len(model.act_batch(list(obs), [0, 1, 2])) == 3
 
 
 def test_run_json_records_the_resolved_panel_and_eval_episodes(tmp_path, capsys, monkeypatch):

@@ -20,6 +20,7 @@ from simpop.simulators.registry import build_simulator
 from simpop.train.cotrain import (CoTrainConfig, CoTrainer, simulator_advantages, simulator_objective,
                                   training_population)
 from simpop.train.grpo import Batch, GRPOConfig, GRPOTrainer
+from simpop.seat import Player
 
 ENV = "simpop/PersuasionAct-v0"
 GRPO = GRPOConfig(group_size=4, scenarios_per_update=4, seed=0)
@@ -73,12 +74,12 @@ def test_one_update_changes_simulator_parameters_and_logs_loss():
     assert sim.params == type(sim.params).from_vector(sim.theta.detach().numpy())  # the acting model follows
 
 
-class _Scripted:
+class _Scripted(Player):
     """Appeals for three turns, then proposes (a fixed persuader: only the simulator learns)."""
 
     PLAN = ("logical-appeal", "emotion-appeal", "credibility-appeal", "proposition-of-donation")
 
-    def act_batch(self, observations, rng):
+    def act_batch(self, observations, slots):
         turns = [int(round(float(np.asarray(o)[-2]) * 10)) for o in observations]  # turn fraction -> turn index
         return [PERSUADER_ACTS.index(self.PLAN[min(t, 3)]) for t in turns]
 

@@ -27,18 +27,19 @@ from simpop.simulators.trainable import TrainableLLMSimulator
 from simpop.train.config import add_arguments, build
 from simpop.train.cotrain import OBJECTIVES, CoTrainConfig, CoTrainer, simulator_advantages
 from simpop.train.grpo import Batch, GRPOConfig, GRPOTrainer
+from simpop.seat import Player
 from tests.envs.persuasion.p4g_fixture import write_p4g_corpus
 from tests.simulators.fakes import FakeTrainableBackend
 
 ENV = "simpop/PersuasionAct-v0"
 
 
-class _Scripted:
+class _Scripted(Player):
     """Appeals for three turns, then proposes."""
 
     PLAN = ("logical-appeal", "emotion-appeal", "credibility-appeal", "proposition-of-donation")
 
-    def act_batch(self, observations, rng):
+    def act_batch(self, observations, slots):
         turns = [int(round(float(np.asarray(o)[-2]) * 10)) for o in observations]
         return [PERSUADER_ACTS.index(self.PLAN[min(t, 3)]) for t in turns]
 

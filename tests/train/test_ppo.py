@@ -61,14 +61,14 @@ def test_step_checkpoint_round_trip_and_batch_policy():
     assert other.update_count == 1
     assert all(torch.equal(a, b) for a, b in zip(state["model"].values(), other.model.state_dict().values()))
 
-    # The actor-critic is a BatchPolicy: the rollout engine (and so panel evaluation) can run it.
+    # The actor-critic is a Player: the rollout engine (and so panel evaluation) can run it.
     policy: ActorCritic = trainer.policy
     obs = [trainer.obs[0] * 0 + i / 10 for i in range(32)]
-    sampled = policy.act_batch(obs, np.random.default_rng(2))
-    assert sampled == policy.act_batch(obs, np.random.default_rng(2)) and len(set(sampled)) > 1
-    with torch.no_grad():
-        logits = policy.pi(torch.as_tensor(np.asarray(obs, np.float32)))
-    assert policy.act_batch(obs, None) == logits.argmax(-1).tolist()
+    sampled = []
+    for _ in range(2):
+        policy.reset_batch([None] * 32, [np.random.default_rng(2)] * 32)
+        sampled.append(policy.act_batch(obs, list(range(32))))
+    assert sampled[0] == sampled[1] and len(set(sampled[0])) > 1
     [t] = RolloutEngine(ENV, policy, ActPersuadee()).collect(1, seed=0)
     assert t.actions[t.policy_seat] and (t.terminated or t.truncated)
 

@@ -9,6 +9,7 @@ from typing import Any
 import numpy as np
 
 from simpop.agents.base import Chat, Generation, SamplingParams
+from simpop.agents.policy import ServedPolicy
 from simpop.envs.dialogue import DialogueEnv, Outcome, TextSpace, Turn
 from simpop.seat import Simulator
 
@@ -151,17 +152,10 @@ class ToyTokenBackend:
 
 
 @dataclass
-class ToyTextPolicy:
+class ToyTextPolicy(ServedPolicy):
     """A TokenPolicy over a ToyTokenBackend."""
 
-    backend: ToyTokenBackend
     sampling: SamplingParams = SamplingParams(max_new_tokens=8, temperature=1.0)
-
-    def system_prompt(self, observation: dict[str, Any]) -> str | None:
-        return observation["instructions"]
-
-    def generate_ids(self, prompts: list[list[int]], params: SamplingParams) -> list[Generation]:
-        return self.backend.generate_ids(prompts, params)
 
 
 class CountingSimulator(Simulator):

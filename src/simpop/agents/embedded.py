@@ -16,6 +16,7 @@ import shutil
 import tempfile
 from collections.abc import Callable
 from pathlib import Path
+from typing import Any
 
 from filelock import FileLock
 
@@ -95,7 +96,7 @@ def _convert_gguf(package_dir: Path, gguf_file: str, out: Path) -> None:
         ) from error
 
     gguf_model = AutoModelForCausalLM.from_pretrained(package_dir, gguf_file=gguf_file, dtype=torch.float32)
-    tokenizer = AutoTokenizer.from_pretrained(package_dir, gguf_file=gguf_file)
+    tokenizer = _as_declared(AutoTokenizer.from_pretrained(package_dir, gguf_file=gguf_file), package_dir / gguf_file)
     # The GGUF-loaded model keeps quantisation metadata that blocks training and save_pretrained;
     # a model built from its config with the dequantised weights is an ordinary one.
     config = gguf_model.config
@@ -105,3 +106,37 @@ def _convert_gguf(package_dir: Path, gguf_file: str, out: Path) -> None:
     model.generation_config = gguf_model.generation_config
     model.save_pretrained(out)
     tokenizer.save_pretrained(out)
+
+
+#: GGUF special-token keys -> the tokenizer attribute each one sets.
+_SPECIAL_TOKENS = {"bos": "bos_token", "eos": "eos_token", "unknown": "unk_token", "padding": "pad_token"}
+
+
+def _as_declared(tokenizer: Any, gguf_path: Path) -> Any:
+    """The tokenizer as the GGUF file declares it: its special tokens, and a byte-level BPE where its model is
+    ``gpt2`` (SmolLM2's).
+
+    transformers 5.17 reads SmolLM2's tokenizer as a SentencePiece one (byte fallback and a ``▁`` decoder, so decoded
+    text loses byte-level spaces) and takes its eos from bos (``<|im_start|>``); from 5.18 on it reads both as
+    declared, and this changes nothing.
+    """
+    from gguf import GGUFReader
+    from tokenizers import decoders, pre_tokenizers
+
+    fields = GGUFReader(gguf_path).fields
+
+    def value(key: str) -> Any:
+        return fields[key].contents() if key in fields else None
+
+    if value("tokenizer.ggml.model") == "gpt2":
+        backend = tokenizer.backend_tokenizer
+        backend.normalizer = None
+        backend.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
+        backend.decoder = decoders.ByteLevel()
+        backend.model.byte_fallback, backend.model.fuse_unk, backend.model.unk_token = False, False, None
+    tokens = value("tokenizer.ggml.tokens")
+    for key, attribute in _SPECIAL_TOKENS.items():
+        token_id = value(f"tokenizer.ggml.{key}_token_id")
+        if token_id is not None:
+            setattr(tokenizer, attribute, tokens[token_id])
+    return tokenizer

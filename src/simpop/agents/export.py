@@ -173,7 +173,7 @@ def _llm_writer(policy: Any, merge: bool):
     manifest = {"policy": type(policy).__qualname__, "base_model": str(backend.path),
                 "base_name": getattr(backend, "name", None), "dtype": getattr(backend, "dtype", None),
                 "adapter": policy.adapter, "sampling": dataclasses.asdict(policy.sampling),
-                "system_prompt": getattr(policy, "_system_prompt", None)}
+                "system_prompt": policy.fixed_system_prompt}
 
     def write(tmp: Path) -> dict[str, Any]:
         if policy.lora is None:

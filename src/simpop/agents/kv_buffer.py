@@ -1,18 +1,22 @@
-"""A KV cache for one ``generate`` call that writes into buffers sized for the whole call.
+"""The in-process backend's KV caches: within one ``generate`` call, and across calls.
 
-Transformers' default cache grows each layer by concatenation, so every decoding step copies the
-whole cache once per layer; for a batch of dialogues on a CPU that copy costs more than the model's
-matrix products. :func:`batched_cache` allocates each layer's keys and values once, for the call's
-final length, and a step writes only its new position. Rows may start from cached prefixes (the
-backend's prefix KV cache), held right-aligned in the first ``past`` positions.
+Within a call: transformers' default cache grows each layer by concatenation, so every decoding step copies the
+whole cache once per layer; for a batch of dialogues on a CPU that copy costs more than the model's matrix products.
+:func:`batched_cache` allocates each layer's keys and values once, for the call's final length, and a step writes
+only its new position. Rows may start from cached prefixes, held right-aligned in the first ``past`` positions.
 
-Imported lazily by :class:`~simpop.agents.transformers_backend.TransformersBackend` (needs
-transformers).
+Across calls: :class:`PrefixCache` keeps the keys and values of generated sequences, so that a later prompt that
+extends one (the next turn of a dialogue) reads only its new tokens.
+
+Imported lazily by :class:`~simpop.agents.transformers_backend.TransformersBackend` (needs transformers).
 """
 
 from __future__ import annotations
 
 import inspect
+import os
+from collections import OrderedDict
+from collections.abc import Hashable, Sequence
 
 import torch
 import transformers
@@ -123,3 +127,64 @@ def _padded_layer(prefixes: list[LayerCache | None], index: int, past: int) -> t
             keys[row, :, past - length:] = kv[index][0]
             values[row, :, past - length:] = kv[index][1]
     return keys, values
+
+
+class PrefixCache:
+    """Keys and values of token sequences, per model ``view`` (an adapter, or the base), least recently used first.
+
+    A sequence that extends a cached one of its view replaces it (the longer one serves every prompt the shorter
+    did), so a dialogue holds one entry, its latest turn; beyond ``size`` entries or ``max_bytes`` bytes the least
+    recently used go (a dialogue that ended is not used again). :meth:`check` drops everything when what the keys
+    and values depend on (the weights) changed.
+    """
+
+    def __init__(self, size: int = 64, max_bytes: int = 2**30) -> None:
+        if size < 1 or max_bytes < 1:
+            raise ValueError(f"a prefix cache needs size >= 1 and max_bytes >= 1, got {size} and {max_bytes}")
+        self.size, self.max_bytes = size, max_bytes
+        self.entries: OrderedDict[tuple[Hashable, tuple[int, ...]], LayerCache] = OrderedDict()
+        self.bytes = 0
+        self._weights: Hashable = None
+
+    def clear(self) -> None:
+        """Drop every entry (the model's weights changed, or the caller frees the memory)."""
+        self.entries.clear()
+        self.bytes = 0
+
+    def check(self, weights: Hashable) -> None:
+        """Drop every entry if ``weights`` (a fingerprint of the model's weights) differs from the last one seen."""
+        if weights != self._weights:
+            self.clear()
+            self._weights = weights
+
+    def longest(self, view: Hashable, prompt: Sequence[int]) -> LayerCache | None:
+        """Keys and values of the longest start of ``prompt`` (all but its last token at most) that a cached
+        sequence of ``view`` begins with."""
+        best, length = None, 0
+        for key in self.entries:
+            if key[0] == view:
+                common = min(len(os.path.commonprefix([key[1], tuple(prompt)])), len(prompt) - 1)
+                if common > length:
+                    best, length = key, common
+        if best is None:
+            return None
+        self.entries.move_to_end(best)
+        return [(keys[:, :length], values[:, :length]) for keys, values in self.entries[best]]
+
+    def remember(self, view: Hashable, tokens: Sequence[int], kv: LayerCache) -> None:
+        """Keep ``kv``, the keys and values of exactly ``tokens``."""
+        key = (view, tuple(tokens))
+        for old in [k for k in self.entries if k[0] == view and key[1][: len(k[1])] == k[1]]:
+            self._drop(old)
+        self.entries[key] = kv
+        self.bytes += sum(keys.nbytes + values.nbytes for keys, values in kv)
+        while len(self.entries) > 1 and (len(self.entries) > self.size or self.bytes > self.max_bytes):
+            self._drop(next(iter(self.entries)))
+
+    def _drop(self, key: tuple[Hashable, tuple[int, ...]]) -> None:
+        self.bytes -= sum(keys.nbytes + values.nbytes for keys, values in self.entries.pop(key))
+
+
+def cached_length(kv: LayerCache | None) -> int:
+    """Tokens held by ``kv`` (0 for None)."""
+    return 0 if kv is None else kv[0][0].shape[1]

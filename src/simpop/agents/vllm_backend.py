@@ -3,7 +3,7 @@
 :class:`VLLMBackend` is a :class:`~simpop.agents.base.TokenBackend` over a vLLM OpenAI-compatible server
 (started by :class:`~simpop.agents.vllm_server.VLLMServer` or given by URL). :meth:`VLLMBackend.generate_ids`
 sends exact prompt token ids to ``/v1/completions`` with ``return_token_ids`` and gets the completion's ids
-and per-token log-probs back, so the rollout engine's ledger (:class:`~simpop.rollout.TokenLedger`) never
+and per-token log-probs back, so the rollout engine's ledger (:class:`~simpop.agents.policy.TokenLedger`) never
 re-renders earlier turns; vLLM's prefix cache then reads only each turn's new tokens. Requests choose a
 LoRA adapter by ``model=`` (:attr:`VLLMBackend.model`).
 

@@ -89,6 +89,9 @@ def make(id: str, api: Literal["parallel", "aec"] = "parallel", **kwargs: Any):
     if api not in ("parallel", "aec"):
         raise ValueError(f"api must be 'parallel' or 'aec', got {api!r}")
     s = spec(id)
+    if "simulator" in kwargs:  # both seats stay open here; the seat a simulator fills is gymnasium.make's view
+        raise TypeError(f"{id}: simpop.make builds the two-seat PettingZoo env, whose user seat an agent plays; to fill "
+                        f"it with a simulator use gymnasium.make({id!r}, simulator=...) (or gymnasium.make_vec)")
     factory = load(s.entry_point)
     kwargs = dict(kwargs)
     check_arguments(id, factory, kwargs)

@@ -173,7 +173,8 @@ def _evaluate(args: argparse.Namespace) -> int:
     except setup_errors as error:
         raise _InputError(_one_line(error)) from None
 
-    from simpop.evaluation.eval_run import REPORT, evaluate_panel
+    from simpop.evaluation.eval_run import evaluate_panel
+    from simpop.evaluation.eval_summary import REPORT
 
     try:
         summary = evaluate_panel(args.env, policy, panel, episodes=args.episodes, num_trials=args.num_trials,
@@ -212,26 +213,13 @@ def _evaluate(args: argparse.Namespace) -> int:
 def load_panel_arg(name_or_path: str, env: Any, env_id: str, backends: Any = None) -> tuple[Any, str]:
     """The panel ``--panel`` names (a shipped panel or a YAML file) and its printable card (``backends``: the
     members' model cache, e.g. :class:`~simpop.agents.vllm_backend.ServedModels`)."""
+    from simpop.evaluation.panels import panel_card, panel_definition
     from simpop.simulators.registry import load_panel
 
-    try:
-        from simpop.evaluation import panels
-    except ImportError:
-        panels = None
-    if panels is not None:
-        definition = panels.panel_definition(name_or_path)
-        definition.check_env(env_id)
-        panel = load_panel({"name": definition.name, "members": dict(definition.members)}, env, backends)
-        return panel, panels.panel_card(panel, definition.description or None)
-    path = Path(name_or_path)
-    if not path.is_file():
-        raise ValueError(f"unknown panel {name_or_path!r}: no such panel YAML file (named panels are not available "
-                         f"in this install)")
-    panel = load_panel(path, env, backends)
-    from simpop.evaluation.eval_run import member_spec
-
-    rows = [f"  {name}  {member_spec(simulator)}" for name, simulator in panel]
-    return panel, "\n".join([f"panel {panel.name}: {len(rows)} member(s)", *rows])
+    definition = panel_definition(name_or_path)
+    definition.check_env(env_id)
+    panel = load_panel({"name": definition.name, "members": dict(definition.members)}, env, backends)
+    return panel, panel_card(panel, definition.description or None)
 
 
 def check_against_run(panel: Any, run_dir: Path, env: Any, strict: bool = False) -> dict[str, Any]:
@@ -266,7 +254,7 @@ def _compare(args: argparse.Namespace) -> int:
         print(f"simpop eval: error: unknown arguments {' '.join(args.action)!r}; use simpop eval compare A B, or "
               f"simpop eval --env ... --policy ... --panel ...", file=sys.stderr)
         return 2
-    from simpop.evaluation.eval_run import compare_evaluations, compare_table
+    from simpop.evaluation.eval_compare import compare_evaluations, compare_table
 
     try:
         result = compare_evaluations(args.action[1], args.action[2], resamples=args.resamples, seed=args.seed)

@@ -45,12 +45,12 @@ server that stays unreachable through its retries
 writes a run folder) and writes only an empty folder or one with an ``eval.json`` (an evaluation's): never another
 tool's files.
 
-**Outputs** in ``out``: ``eval.json`` (settings), ``episodes.jsonl`` (:class:`~simpop.evaluation.panel.EpisodeRecord`
-per line), ``summary.json`` (overall and per-member success with Wilson 95% intervals, per-task breakdown,
-policy entropy, error counts; τ² envs: pass^k for k = 1..num_trials; ``heldout_check``: the panel's check against
-a training run, with what each look-alike member shares with it), ``report.md`` (tables and the panel card) and
-``success.png`` (success per member with interval bars). τ² envs also get one τ² results file per member under
-``tau2_results/``.
+**Outputs** in ``out``: ``eval.json`` (settings), ``episodes.jsonl`` (:mod:`~simpop.evaluation.eval_records`),
+``summary.json`` (overall and per-member success with Wilson 95% intervals, per-task breakdown, policy entropy, error
+counts; ``heldout_check``: the panel's check against a training run, with what each look-alike member shares with
+it), ``report.md`` (tables and the panel card) and ``success.png`` (:mod:`~simpop.evaluation.eval_summary`). τ² envs
+also get pass^k for k = 1..num_trials and one τ² results file per member under ``tau2_results/``
+(:mod:`~simpop.evaluation.eval_tau2`).
 
 **Entropy.** Per episode, the policy's own ``entropy([trajectory])`` and what it averages over (decisions
 or generated tokens); overall and per member, the weighted mean. Policies without ``entropy`` report none.
@@ -62,7 +62,6 @@ import functools
 import json
 import logging
 import math
-import os
 import time
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass
@@ -72,9 +71,11 @@ from typing import Any
 import numpy as np
 
 from simpop.agents.openai_backend import BackendUnavailable
-from simpop.evaluation.metrics import wilson_ci
+from simpop.evaluation.eval_records import EPISODES, append_records, first_line, read_records
+from simpop.evaluation.eval_summary import CHART, REPORT, SUMMARY, plot_success, render_report, summarize
+from simpop.evaluation.eval_tau2 import is_tau2, tau2_extras, tau2_payload
+from simpop.evaluation.panel import EnvPool, EpisodeRecord, episode_record, json_safe, transcript_of
 from simpop.files import RUN_LOCK, run_lock, write_atomically
-from simpop.evaluation.panel import EnvPool, EpisodeRecord, begin_wave, episode_record, json_safe, transcript_of
 from simpop.rollout import Job, RolloutEngine, Trajectory
 from simpop.rollout_ray import RayConfig, RayRolloutEngine
 from simpop.simulators.panel_wave import MemberError, PanelWave
@@ -82,8 +83,7 @@ from simpop.simulators.population import Panel
 
 log = logging.getLogger(__name__)
 
-EPISODES, SUMMARY, REPORT, CHART, SETTINGS = "episodes.jsonl", "summary.json", "report.md", "success.png", "eval.json"
-CI_LEVEL = 0.95
+SETTINGS = "eval.json"
 #: Settings a resumed run must share with the run it continues.
 _RESUME_KEYS = ("env", "env_kwargs", "policy", "panel", "members", "seed", "episodes", "num_trials")
 
@@ -320,7 +320,7 @@ def _run_chunks(engine: RolloutEngine, pool: EnvPool, policy: Any, member: str,
             raise
         except Exception as error:
             log.warning("member %s: %d chunks run side by side raised (%s: %s); running them one at a time",
-                        member, len(chunks), type(error).__name__, _first_line(error))
+                        member, len(chunks), type(error).__name__, first_line(error))
     return [_run_chunk(engine, pool, policy, member, chunk, rng_seed) for chunk, rng_seed in chunks]
 
 
@@ -328,7 +328,6 @@ def _run_chunk(engine: RolloutEngine, pool: EnvPool, policy: Any, member: str, c
                rng_seed: list[int]) -> list[EpisodeRecord]:
     """Run one chunk as one wave; if it raises, run its episodes one by one and record those that still fail."""
     envs = pool.take(len(chunk))
-    begin_wave(policy, envs)
     try:
         trajectories = engine.run([Job(e.scenario, e.index, e.seed) for e in chunk], np.random.default_rng(rng_seed))
         views = engine.env_views if isinstance(engine, RayRolloutEngine) else envs
@@ -337,7 +336,7 @@ def _run_chunk(engine: RolloutEngine, pool: EnvPool, policy: Any, member: str, c
         raise
     except Exception as error:
         log.warning("member %s: a chunk of %d episode(s) raised (%s: %s); running them one at a time",
-                    member, len(chunk), type(error).__name__, _first_line(error))
+                    member, len(chunk), type(error).__name__, first_line(error))
     return _run_episodes(engine, pool, policy, member, chunk, rng_seed)
 
 
@@ -348,7 +347,6 @@ def _run_episodes(engine: RolloutEngine, pool: EnvPool, policy: Any, member: str
     for j, e in enumerate(chunk):
         env = pool.take(1)[0]
         before = env.transcript
-        begin_wave(policy, [env])
         try:
             (t,) = engine.run([Job(e.scenario, e.index, e.seed)], np.random.default_rng([*rng_seed, 1 + j]))
             records.append(_record(t, engine.env_views[0] if isinstance(engine, RayRolloutEngine) else env, policy,
@@ -356,7 +354,7 @@ def _run_episodes(engine: RolloutEngine, pool: EnvPool, policy: Any, member: str
         except BackendUnavailable:  # the server is gone: stop, finished chunks kept
             raise
         except Exception as error:
-            message = f"{type(error).__name__}: {_first_line(error)}"
+            message = f"{type(error).__name__}: {first_line(error)}"
             log.warning("member %s, scenario %s, trial %d: episode failed: %s", member, e.scenario, e.trial, message)
             partial = transcript_of(env) if env.transcript is not before else []
             records.append(EpisodeRecord(member=member, scenario=e.scenario, trial=e.trial, index=e.index,
@@ -401,7 +399,6 @@ def _run_panel_chunk(engine: RolloutEngine, wave: PanelWave, pool: EnvPool, poli
     :func:`_run_chunk`)."""
     wave.assign([m for m in members for _ in chunk])
     envs = pool.take(len(members) * len(chunk))
-    begin_wave(policy, envs)
     try:
         trajectories = engine.run([Job(e.scenario, e.index, e.seed) for _ in members for e in chunk],
                                   np.random.default_rng(rng_seed))
@@ -412,7 +409,7 @@ def _run_panel_chunk(engine: RolloutEngine, wave: PanelWave, pool: EnvPool, poli
     except MemberError as error:  # one member's simulator raised: the others rerun together, it episode by episode
         failed = members.index(error.member)
         log.warning("members %s: a chunk of %d episode(s) each raised in one wave (%s); the other members rerun as "
-                    "one wave, %s one episode at a time", ", ".join(names), len(chunk), _first_line(error),
+                    "one wave, %s one episode at a time", ", ".join(names), len(chunk), first_line(error),
                     names[failed])
         others = [i for i in range(len(members)) if i != failed]
         records = (_run_panel_chunk(engine, wave, pool, policy, [names[i] for i in others],
@@ -423,7 +420,7 @@ def _run_panel_chunk(engine: RolloutEngine, wave: PanelWave, pool: EnvPool, poli
         return sorted(records, key=lambda r: order[r.member])  # member by member, as from one wave
     except Exception as error:
         log.warning("members %s: a chunk of %d episode(s) each raised in one wave (%s: %s); running each member's "
-                    "share alone", ", ".join(names), len(chunk), type(error).__name__, _first_line(error))
+                    "share alone", ", ".join(names), len(chunk), type(error).__name__, first_line(error))
     records = []
     for name, m in zip(names, members):
         alone = RolloutEngine(pool.factory(), policy, wave.members[m], n_envs=len(chunk))
@@ -431,9 +428,6 @@ def _run_panel_chunk(engine: RolloutEngine, wave: PanelWave, pool: EnvPool, poli
     return records
 
 
-def _first_line(error: BaseException) -> str:
-    text = str(error).strip()
-    return text.splitlines()[0] if text else repr(error)
 
 
 def _record(trajectory: Trajectory, env: Any, policy: Any, member: str, e: PlannedEpisode) -> EpisodeRecord:
@@ -441,7 +435,7 @@ def _record(trajectory: Trajectory, env: Any, policy: Any, member: str, e: Plann
     record = episode_record(trajectory, env, member=member, index=e.index, trial=e.trial, entropy=entropy,
                             entropy_weight=weight)
     if is_tau2(env):
-        record.extra["tau2"] = _tau2_payload(env, e.trial)
+        record.extra["tau2"] = tau2_payload(env, e.trial)
     return record
 
 
@@ -453,74 +447,17 @@ def _episode_entropy(policy: Any, trajectory: Trajectory) -> tuple[float | None,
     try:
         value = float(measure([trajectory]))
     except Exception as error:  # entropy is a diagnostic: a failure is logged, never fatal
-        log.warning("policy entropy failed (%s: %s); recorded as none", type(error).__name__, _first_line(error))
+        log.warning("policy entropy failed (%s: %s); recorded as none", type(error).__name__, first_line(error))
         return None, 0
     return (value, int(weight)) if math.isfinite(value) and weight > 0 else (None, 0)
 
 
-def is_tau2(env: Any) -> bool:
-    """Whether ``env`` is a τ² env (its episodes carry τ² messages and pass^k applies)."""
-    return type(env).__module__.startswith("simpop.envs.tau2")
 
 
-def _tau2_payload(env: Any, trial: int) -> dict[str, Any]:
-    """The finished τ² episode as τ² sees it: its ``SimulationRun`` (``env.simulation_run``: messages, reward
-    info, termination reason, times) or, on an env without it, its messages and reward info."""
-    try:
-        if callable(getattr(env, "simulation_run", None)):
-            return {"domain": env.domain, "simulation": env.simulation_run(trial).model_dump(mode="json")}
-        info = env.reward_info
-        return {"domain": env.domain, "messages": [m.model_dump(mode="json") for m in env.trajectory()],
-                "reward_info": info.model_dump(mode="json") if info is not None else None}
-    except Exception as error:
-        log.warning("could not keep the τ² trajectory (%s: %s)", type(error).__name__, _first_line(error))
-        return {"error": f"{type(error).__name__}: {_first_line(error)}"}
 
 
-# ---------------------------------------------------------------------------------------------- the file
-def read_records(path: str | Path, repair: bool = False) -> list[EpisodeRecord]:
-    """Every complete record in ``episodes.jsonl`` (first of any repeated key), in file order.
-
-    A line that does not parse (a write torn by a kill, cut inside a multi-byte character or not; a record whose
-    fields have the wrong types) is dropped with a warning; with ``repair`` the file is rewritten atomically
-    without it, so that later appends start on a fresh line.
-    """
-    path = Path(path)
-    if not path.exists():
-        return []
-    records, keys, kept, dropped = [], set(), [], 0
-    raw = path.read_bytes()
-    for data in raw.split(b"\n"):
-        if not data.strip():
-            continue
-        try:  # a torn line may end inside a multi-byte character, or hold a record with the wrong field types
-            line = data.decode("utf-8")
-            record = EpisodeRecord.from_json(line)
-        except (ValueError, TypeError):
-            dropped += 1
-            continue
-        if record.key in keys:
-            continue
-        keys.add(record.key)
-        records.append(record)
-        kept.append(line)
-    if dropped:
-        log.warning("%s: dropped %d unreadable line(s) (a write cut short by a kill); those episodes run again",
-                    path, dropped)
-    if repair and (dropped or (raw and not raw.endswith(b"\n"))):
-        write_atomically(path, "".join(line + "\n" for line in kept))
-    return records
 
 
-def append_records(path: str | Path, records: Iterable[EpisodeRecord]) -> None:
-    """Append ``records`` in one write, flushed and fsynced."""
-    text = "".join(r.to_json() + "\n" for r in records)
-    if not text:
-        return
-    with open(path, "a", encoding="utf-8") as f:
-        f.write(text)
-        f.flush()
-        os.fsync(f.fileno())
 
 
 # ---------------------------------------------------------------------------------------------- outputs
@@ -535,273 +472,30 @@ def write_outputs(out: str | Path, *, settings: Mapping[str, Any], plan: Sequenc
     summary = summarize(records, members, settings, planned=len(members) * len(plan))
     summary["heldout_check"] = dict(heldout) if heldout is not None else None
     if summary["tau2"] is not None:
-        summary["tau2"].update(_tau2_extras(out, records, members, settings))
+        summary["tau2"].update(tau2_extras(out, records, members, settings))
     write_atomically(out / SUMMARY, json.dumps(summary, indent=2, sort_keys=True, ensure_ascii=False) + "\n")
     write_atomically(out / REPORT, render_report(summary))
     plot_success(summary, out / CHART)
     return summary
 
 
-def _rate(records: Sequence[EpisodeRecord]) -> dict[str, Any]:
-    n, wins = len(records), sum(bool(r.success) for r in records)
-    rate, lo, hi = wilson_ci(wins, n, CI_LEVEL)
-    return {"episodes": n, "successes": wins, "success": _num(rate), "ci_low": _num(lo), "ci_high": _num(hi)}
 
 
-def _num(x: float) -> float | None:
-    return None if x is None or not math.isfinite(x) else float(x)
 
 
-def _entropy(records: Sequence[EpisodeRecord]) -> float | None:
-    weighted = [(r.entropy, r.entropy_weight) for r in records if r.entropy is not None and r.entropy_weight > 0]
-    total = sum(w for _, w in weighted)
-    return float(sum(e * w for e, w in weighted) / total) if total else None
 
 
-def summarize(records: Sequence[EpisodeRecord], members: Mapping[str, str], settings: Mapping[str, Any],
-              planned: int | None = None) -> dict[str, Any]:
-    """The summary of ``records`` (in plan order): overall, per member and per task (module docstring).
-
-    ``planned`` is how many episodes the evaluation plans in all (``complete`` says whether all are in).
-    """
-    by_member = {m: [r for r in records if r.member == m] for m in members}
-    tasks: dict[str, list[EpisodeRecord]] = {}
-    for r in records:
-        tasks.setdefault(r.scenario, []).append(r)
-    summary: dict[str, Any] = {
-        "env": settings["env"], "env_kwargs": settings["env_kwargs"], "policy": settings["policy"],
-        "panel": settings["panel"], "seed": settings["seed"], "episodes_per_member": settings["episodes"],
-        "num_trials": settings["num_trials"], "ci": {"level": CI_LEVEL, "method": "wilson"},
-        **_rate(records), "errors": sum(r.error is not None for r in records),
-        "invalid_actions": sum(r.invalid_actions for r in records), "entropy": _entropy(records),
-        "mean_reward": _num(float(np.mean([r.reward for r in records]))) if records else None,
-        "members": {}, "tasks": {},
-    }
-    for m, spec in members.items():
-        rs = by_member[m]
-        summary["members"][m] = {"spec": spec, **_rate(rs), "errors": sum(r.error is not None for r in rs),
-                                 "invalid_actions": sum(r.invalid_actions for r in rs), "entropy": _entropy(rs),
-                                 "mean_reward": _num(float(np.mean([r.reward for r in rs]))) if rs else None}
-    for task, rs in tasks.items():
-        summary["tasks"][task] = {**_rate(rs), "per_member": {
-            m: {"episodes": len(x), "successes": sum(bool(r.success) for r in x)}
-            for m in members if (x := [r for r in rs if r.member == m])}}
-    summary["planned"] = planned
-    summary["complete"] = planned is None or len(records) == planned
-    summary["tau2"] = {} if settings["env"] and _tau2_env_id(settings["env"]) else None
-    return summary
 
 
-def _tau2_env_id(env_id: str) -> bool:
-    from simpop.envs.registration import spec
-
-    try:
-        return spec(env_id).entry_point.startswith("simpop.envs.tau2")
-    except KeyError:
-        return False
 
 
-def _tau2_extras(out: Path, records: Sequence[EpisodeRecord], members: Mapping[str, str],
-                 settings: Mapping[str, Any]) -> dict[str, Any]:
-    """pass^k for k = 1..num_trials (per member and overall) and τ² results files, via
-    :mod:`simpop.envs.tau2.results`. Missing pieces are reported in the summary and logged, never fatal."""
-    extras: dict[str, Any] = {}
-    try:
-        from simpop.envs.tau2 import results as tau2_results
-    except ImportError as error:
-        message = f"simpop.envs.tau2.results is not available ({error}); no pass^k or τ² results files"
-        log.error(message)
-        return {"error": message}
-    trials = settings["num_trials"]
-    if trials:
-        pass_hat_k = getattr(tau2_results, "pass_hat_k", None)
-        if pass_hat_k is None:
-            extras["error"] = "simpop.envs.tau2.results has no pass_hat_k; pass^k not computed"
-            log.error(extras["error"])
-        else:
-            try:
-                per_member = {}
-                for m in members:
-                    by_task: dict[str, list[bool]] = {}
-                    for r in records:
-                        if r.member == m:
-                            by_task.setdefault(r.scenario, []).append(bool(r.success))
-                    per_member[m] = ({str(k): float(pass_hat_k(by_task, k)) for k in range(1, trials + 1)}
-                                     if by_task else {})
-                # Overall: every (member, task) is one "task" of K trials (the mean over members).
-                pooled: dict[str, list[bool]] = {}
-                for r in records:
-                    pooled.setdefault(f"{r.member}/{r.scenario}", []).append(bool(r.success))
-                extras["pass_hat_k"] = ({str(k): float(pass_hat_k(pooled, k)) for k in range(1, trials + 1)}
-                                        if pooled else {})
-                extras["pass_hat_k_per_member"] = per_member
-            except ValueError as error:  # e.g. an incomplete evaluation: some task has fewer than k trials
-                extras["error"] = f"pass^k not computed: {_first_line(error)}"
-                log.error(extras["error"])
-    else:
-        extras["pass_hat_k"] = None
-        extras["note"] = "pass^k needs --num-trials (every task, K trials)"
-    writer = getattr(tau2_results, "write_tau2_results", None)
-    if writer is None:
-        extras["results_error"] = "simpop.envs.tau2.results has no write_tau2_results; no τ² results files"
-        log.error(extras["results_error"])
-        return extras
-    folder = out / "tau2_results"
-    folder.mkdir(exist_ok=True)
-    files = {}
-    for m, spec in members.items():
-        episodes = [r for r in records if r.member == m]
-        path = folder / f"{_file_name(m)}.json"
-        try:
-            limits = {k: settings["env_kwargs"].get(k) for k in ("max_steps", "max_errors")}
-            writer(path, episodes=episodes, agent=settings["policy"], user=spec, seed=settings["seed"],
-                   num_trials=trials, env_id=settings["env"], **limits)
-            files[m] = str(path.relative_to(out))
-        except Exception as error:  # the summary and report are still written
-            extras.setdefault("results_errors", {})[m] = f"{type(error).__name__}: {_first_line(error)}"
-            log.error("τ² results file for member %s not written: %s", m, extras["results_errors"][m])
-    extras["results_files"] = files
-    return extras
 
 
-def _file_name(name: str) -> str:
-    return "".join(c if c.isalnum() or c in "-_." else "_" for c in name) or "member"
 
 
-def render_report(summary: Mapping[str, Any]) -> str:
-    """``report.md``: the panel card, the member table with Wilson intervals, τ² pass^k, per-task results."""
-    def pct(x: Any) -> str:
-        return "n/a" if x is None else f"{x:.3f}"
-
-    def ci(s: Mapping[str, Any]) -> str:
-        return "n/a" if s["ci_low"] is None else f"[{s['ci_low']:.3f}, {s['ci_high']:.3f}]"
-
-    lines = [f"# simpop eval: `{summary['policy']}` on `{summary['env']}`", "",
-             f"Panel `{summary['panel']}`, seed {summary['seed']}, "
-             + (f"{summary['num_trials']} trial(s) of every task" if summary["num_trials"]
-                else f"{summary['episodes_per_member']} episode(s) per member")
-             + f". Success with Wilson {int(CI_LEVEL * 100)}% intervals.", "",
-             "## Panel card", ""]
-    check = summary.get("heldout_check")
-    if check:
-        alike = check["look_alikes"]
-        lines += [f"Held out from the training simulators of `{check['run']}` "
-                  + ("(strict: every axis differs)." if check["strict"] else
-                     "(no member is a training simulator; what a member shares with one is named)."), "",
-                  "| member | spec | shared with training |", "|---|---|---|"]
-        lines += [f"| {m} | `{s['spec']}` | {'; '.join(alike.get(m, [])) or '-'} |"
-                  for m, s in summary["members"].items()]
-    else:
-        lines += ["| member | spec |", "|---|---|"]
-        lines += [f"| {m} | `{s['spec']}` |" for m, s in summary["members"].items()]
-    lines += ["", "## Success", "",
-              "| member | episodes | successes | success | 95% CI | errors | invalid actions | mean reward | entropy |",
-              "|---|---:|---:|---:|---|---:|---:|---:|---:|"]
-    rows = [*summary["members"].items(), ("**all**", summary)]
-    for m, s in rows:
-        lines.append(f"| {m} | {s['episodes']} | {s['successes']} | {pct(s['success'])} | {ci(s)} | {s['errors']} | "
-                     f"{s['invalid_actions']} | {pct(s['mean_reward'])} | {pct(s['entropy'])} |")
-    tau2 = summary.get("tau2")
-    if tau2:
-        lines += ["", "## τ² pass^k", ""]
-        if tau2.get("pass_hat_k"):
-            ks = list(tau2["pass_hat_k"])
-            lines += ["| member | " + " | ".join(f"pass^{k}" for k in ks) + " |", "|---|" + "---:|" * len(ks)]
-            for m, values in tau2.get("pass_hat_k_per_member", {}).items():
-                lines.append(f"| {m} | " + " | ".join(pct(values.get(k)) for k in ks) + " |")
-            lines.append("| **all** | " + " | ".join(pct(tau2["pass_hat_k"][k]) for k in ks) + " |")
-        for key in ("note", "error", "results_error"):
-            if tau2.get(key):
-                lines.append(f"\n{tau2[key]}")
-    lines += ["", "## Per task", "", "| task | episodes | successes | success | 95% CI |", "|---|---:|---:|---:|---|"]
-    lines += [f"| {t} | {s['episodes']} | {s['successes']} | {pct(s['success'])} | {ci(s)} |"
-              for t, s in summary["tasks"].items()]
-    lines += ["", f"![success per member]({CHART})", ""]
-    return "\n".join(lines)
 
 
-def plot_success(summary: Mapping[str, Any], path: str | Path) -> Path:
-    """A bar per member (and overall) with its Wilson interval as error bars."""
-    import matplotlib
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-
-    rows = [*summary["members"].items(), ("all", summary)]
-    names = [m for m, _ in rows]
-    values = [s["success"] if s["success"] is not None else 0.0 for _, s in rows]
-    low = [v - s["ci_low"] if s["ci_low"] is not None else 0.0 for v, (_, s) in zip(values, rows)]
-    high = [s["ci_high"] - v if s["ci_high"] is not None else 0.0 for v, (_, s) in zip(values, rows)]
-    fig, ax = plt.subplots(figsize=(max(4.0, 1.1 * len(rows) + 1.5), 3.6))
-    colors = ["tab:blue"] * (len(rows) - 1) + ["tab:gray"]
-    ax.bar(range(len(rows)), values, yerr=[low, high], capsize=4, color=colors)
-    ax.set_xticks(range(len(rows)), names, rotation=30, ha="right")
-    ax.set_ylim(0, 1)
-    ax.set_ylabel(f"success ({int(CI_LEVEL * 100)}% Wilson CI)")
-    ax.set_title(f"{summary['policy']} on {summary['env']}", fontsize=9)
-    fig.tight_layout()
-    fig.savefig(path, dpi=100)
-    plt.close(fig)
-    return Path(path)
 
 
-# ---------------------------------------------------------------------------------------------- compare
-def compare_evaluations(a: str | Path, b: str | Path, *, resamples: int = 10_000, seed: int = 0) -> dict[str, Any]:
-    """Paired differences ``B - A`` of mean success per (member, task), with bootstrap 95% intervals.
-
-    Each pair is one (member, task) present in both folders (its success averaged over that folder's trials or
-    repeats). Overall and per member: the mean of the pair differences and a percentile bootstrap interval
-    (``resamples`` resamples of the pairs, a generator seeded with ``seed``); per task: the difference
-    averaged over members.
-    """
-    if resamples < 1:
-        raise ValueError(f"resamples must be >= 1, got {resamples}")
-    means = []
-    for folder in (a, b):
-        path = Path(folder) / EPISODES
-        if not path.is_file():
-            raise FileNotFoundError(f"{folder} is not a simpop eval folder (no {EPISODES})")
-        cells: dict[tuple[str, str], list[float]] = {}
-        for r in read_records(path):
-            cells.setdefault((r.member, r.scenario), []).append(float(bool(r.success)))
-        means.append({k: float(np.mean(v)) for k, v in cells.items()})
-    mean_a, mean_b = means
-    pairs = sorted(set(mean_a) & set(mean_b))
-    if not pairs:
-        raise ValueError(f"{a} and {b} share no (member, task) pair; compare evaluations of the same panel and env")
-    rng = np.random.default_rng(seed)
-
-    def stat(keys: list[tuple[str, str]]) -> dict[str, Any]:
-        d = np.array([mean_b[k] - mean_a[k] for k in keys])
-        boot = d[rng.integers(0, len(d), size=(resamples, len(d)))].mean(axis=1)
-        lo, hi = np.quantile(boot, [(1 - CI_LEVEL) / 2, (1 + CI_LEVEL) / 2])
-        return {"pairs": len(keys), "a": float(np.mean([mean_a[k] for k in keys])),
-                "b": float(np.mean([mean_b[k] for k in keys])), "diff": float(d.mean()),
-                "ci_low": float(lo), "ci_high": float(hi)}
-
-    members = sorted({m for m, _ in pairs})
-    tasks = sorted({t for _, t in pairs})
-    return {"a": str(a), "b": str(b), "direction": "B - A", "resamples": resamples, "seed": seed,
-            "unpaired": {"a_only": len(set(mean_a) - set(mean_b)), "b_only": len(set(mean_b) - set(mean_a))},
-            "overall": stat(pairs), "members": {m: stat([p for p in pairs if p[0] == m]) for m in members},
-            "tasks": {t: {"pairs": len(ks), "diff": float(np.mean([mean_b[k] - mean_a[k] for k in ks]))}
-                      for t in tasks if (ks := [p for p in pairs if p[1] == t])}}
 
 
-def compare_table(result: Mapping[str, Any], max_tasks: int = 20) -> str:
-    """The comparison as markdown: per member and overall, then the tasks that changed most."""
-    lines = [f"B - A: B = `{result['b']}`, A = `{result['a']}` (bootstrap {int(CI_LEVEL * 100)}% CI over "
-             f"(member, task) pairs, {result['resamples']} resamples)", "",
-             "| member | pairs | success A | success B | B - A | 95% CI |", "|---|---:|---:|---:|---:|---|"]
-    for m, s in [*result["members"].items(), ("**all**", result["overall"])]:
-        lines.append(f"| {m} | {s['pairs']} | {s['a']:.3f} | {s['b']:.3f} | {s['diff']:+.3f} | "
-                     f"[{s['ci_low']:+.3f}, {s['ci_high']:+.3f}] |")
-    changed = sorted(((t, s) for t, s in result["tasks"].items() if s["diff"] != 0), key=lambda x: -abs(x[1]["diff"]))
-    if changed:
-        lines += ["", f"Tasks that changed most (of {len(changed)} changed, {len(result['tasks'])} in all; mean over "
-                      f"members):", "", "| task | pairs | B - A |", "|---|---:|---:|"]
-        lines += [f"| {t} | {s['pairs']} | {s['diff']:+.3f} |" for t, s in changed[:max_tasks]]
-    unpaired = result["unpaired"]
-    if unpaired["a_only"] or unpaired["b_only"]:
-        lines += ["", f"Unpaired (left out): {unpaired['a_only']} in A only, {unpaired['b_only']} in B only."]
-    return "\n".join(lines) + "\n"

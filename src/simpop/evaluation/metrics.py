@@ -83,13 +83,13 @@ def mean_ci(values: Sequence[float], level: float = 0.95) -> tuple[float, float,
 
 def bootstrap_ci(samples: Sequence[Sequence[float]], statistic: Callable[..., float] | None = None,
                  level: float = 0.95, resamples: int = 4000, seed: int = 0) -> tuple[float, float, float]:
-    """``statistic`` of ``samples`` and its percentile-bootstrap interval ``(value, lo, hi)``.
+    """``statistic`` of ``samples`` and its percentile-bootstrap interval ``(value, lo, hi)`` (scipy's ``bootstrap``).
 
     Each sample (e.g. one evaluation's per-dialogue outcomes) is resampled with replacement on its own,
     ``resamples`` times with a generator seeded by ``seed`` (the same data give the same interval);
     ``statistic`` takes one array per sample (default: the mean of the one sample). For paired data pass
-    the per-unit differences as one sample. An empty sample gives NaN for all three; a sample of one value
-    gives an interval of zero width (no spread can be estimated).
+    the per-unit differences as one sample. An empty sample gives NaN for all three; samples of one value each
+    give an interval of zero width (no spread can be estimated).
     """
     if not 0 < level < 1:
         raise ValueError(f"level must be in (0, 1), e.g. 0.95; got {level}")
@@ -98,12 +98,14 @@ def bootstrap_ci(samples: Sequence[Sequence[float]], statistic: Callable[..., fl
     arrays = [np.asarray(s, dtype=float) for s in samples]
     if not arrays or any(a.size == 0 for a in arrays):
         return math.nan, math.nan, math.nan
-    statistic = statistic or (lambda a: float(a.mean()))
-    rng = np.random.default_rng(seed)
-    draws = [a[rng.integers(0, a.size, size=(resamples, a.size))] for a in arrays]
-    values = np.array([statistic(*(d[i] for d in draws)) for i in range(resamples)])
-    lo, hi = np.quantile(values, [0.5 - level / 2, 0.5 + level / 2])
-    return float(statistic(*arrays)), float(lo), float(hi)
+    value = float(statistic(*arrays)) if statistic else float(arrays[0].mean())
+    if all(a.size == 1 for a in arrays):
+        return value, value, value
+    from scipy.stats import bootstrap  # on first use: importing simpop loads no scipy
+
+    lo, hi = bootstrap(arrays, statistic or np.mean, vectorized=statistic is None, n_resamples=resamples,
+                       confidence_level=level, method="percentile", rng=np.random.default_rng(seed)).confidence_interval
+    return value, float(lo), float(hi)
 
 
 @functools.lru_cache(maxsize=256)

@@ -42,7 +42,8 @@ def configure(parser: argparse.ArgumentParser) -> None:
 
 def outputs(corpus: str, resamples: int, seed: int, commit: str) -> dict[str, dict[str, Any]]:
     """File name -> content of everything ``simpop fit-p4g`` writes."""
-    from simpop.envs.persuasion.fitted import FIT_VERSION, fit_release
+    from simpop.envs.persuasion.fitted import fit_release
+    from simpop.envs.persuasion.release import FIT_VERSION
     from simpop.evaluation.realism import REALISM_VERSION, human_reference
 
     return {f"{FIT_VERSION}.json": fit_release(corpus, seed=seed, resamples=resamples, commit=commit, command=COMMAND),
@@ -51,7 +52,7 @@ def outputs(corpus: str, resamples: int, seed: int, commit: str) -> dict[str, di
 
 def shipped_paths() -> dict[str, Any]:
     """File name -> the shipped file."""
-    from simpop.envs.persuasion.fitted import FIT_VERSION, release_path
+    from simpop.envs.persuasion.release import FIT_VERSION, release_path
     from simpop.evaluation.realism import REALISM_VERSION, reference_path
 
     return {f"{FIT_VERSION}.json": release_path(), f"{REALISM_VERSION}.json": reference_path()}

@@ -94,7 +94,6 @@ def evaluate(env_id: str, policy: Any, simulators: Panel | Mapping[str, Simulato
     everything: list[Trajectory] = []
     for name, simulator in members.items():
         engine = RolloutEngine(pool.factory(), policy, simulator)
-        begin_wave(policy, pool.take(episodes))  # collect runs all ``episodes`` dialogues as one wave
         trajectories = engine.collect(episodes, group_size=1, seed=seed)
         outcomes = [bool(t.success) for t in trajectories]
         result.per_member[name] = float(np.mean(outcomes))
@@ -240,9 +239,7 @@ class EnvPool:
     """Envs shared by rollout engines, so that the caller can read each dialogue's env after a wave.
 
     A :class:`~simpop.rollout.RolloutEngine` built with ``pool.factory()`` runs the ``i``-th dialogue of a
-    wave in ``pool.envs[i]`` (the engine asks its env factory for envs in slot order). Policies that need
-    each dialogue's env (scenario-aware reference agents, CooperBench's text format) get the wave's envs
-    through :func:`begin_wave`.
+    wave in ``pool.envs[i]`` (the engine asks its env factory for envs in slot order).
 
     Args:
         make_env: Builds one env.
@@ -262,10 +259,3 @@ class EnvPool:
         """An env factory for one engine: its ``k``-th call returns ``envs[k]``."""
         calls = iter(range(1 << 62))
         return lambda: self.take(next(calls) + 1)[-1]
-
-
-def begin_wave(policy: Any, envs: list[Any]) -> None:
-    """Tell a policy that needs dialogue envs which envs the next wave runs in (others need nothing)."""
-    hook = getattr(policy, "begin_wave", None)
-    if callable(hook):
-        hook(envs)

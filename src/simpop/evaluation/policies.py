@@ -1,6 +1,7 @@
 """Policy specs for ``simpop eval``: what plays the policy seat, named by a string.
 
-:func:`load_policy` turns a spec into a policy the :class:`~simpop.rollout.RolloutEngine` can run:
+:func:`load_policy` turns a spec into a :class:`~simpop.seat.Player` for the policy seat (the one place a policy
+spec is read):
 
 =================================  ===========================================================================
 ``openai:BASE_URL#MODEL``          an OpenAI-compatible endpoint (vLLM, ``simpop serve``, an API), as an
@@ -14,15 +15,15 @@
 ``run:DIR[@STEP]``                 a run folder (``simpop train``, or one run of ``simpop experiment collapse``,
                                    ``adaptive`` or ``monitor``): the policy its ``config.yaml`` describes with the
                                    newest checkpoint's weights (or step ``STEP``'s)
-``reference``                      the benchmark's reference agent: P4G (act and text) a persuader playing
-                                   :func:`~simpop.envs.persuasion.model.reference_persuader`'s act sequences; τ²
-                                   :class:`~simpop.envs.tau2.simulators.GoldAgent` (the task's gold actions; it
+``reference``                      the benchmark's reference agent: P4G (act and text)
+                                   :class:`~simpop.envs.persuasion.reference.ReferencePersuader`; τ²
+                                   :class:`~simpop.envs.tau2.reference.GoldTau2Agent` (the task's gold actions; it
                                    cannot solve the tasks that
                                    :func:`~simpop.envs.tau2.simulators.gold_unreachable` names);
                                    CooperBench a :class:`~simpop.envs.cooperbench.simulators.ScriptedTeammate`
                                    writing the policy seat's gold patch
-``module:attr``                    any importable object with ``act_batch(observations, rng)`` (or a zero-argument
-                                   factory returning one); an ``entropy(trajectories)`` method is optional
+``module:attr``                    any importable :class:`~simpop.seat.Player` (or a zero-argument factory
+                                   returning one); an ``entropy(trajectories)`` method is optional
 =================================  ===========================================================================
 
 **Text policies** (:class:`TextPolicy`) turn each text observation into a chat: the observation's
@@ -33,12 +34,6 @@ action. Envs with their own :class:`~simpop.seat.TextFormat` (CooperBench's stat
 ``env.text_format``) are read through it instead, built for the policy seat (``type(fmt)(policy_seat)``);
 its fallbacks (``unparsed_actions``) are counted in :attr:`TextPolicy.stats`. Each batched call is seeded
 from the rollout's generator, so local models are reproducible. Text policies report no entropy (nan).
-
-**Dialogue-aware policies** (reference agents, text policies on envs with a text format) need each
-dialogue's env (its scenario, its seat). The rollout engine hands policies observations only, so the
-runner tells them the envs of the next wave first (:func:`simpop.evaluation.panel.begin_wave`); the
-engine asks the live dialogues whose turn it is in slot order, which is how an observation is matched
-to its env (the count is checked on every call).
 """
 
 from __future__ import annotations
@@ -46,7 +41,6 @@ from __future__ import annotations
 import json
 import logging
 import re
-from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
@@ -55,6 +49,7 @@ import numpy as np
 from simpop import checkpoint
 from simpop.agents.base import Chat, SamplingParams
 from simpop.envs.dialogue import parse_observation
+from simpop.seat import Player, TextFormat
 
 log = logging.getLogger(__name__)
 
@@ -103,7 +98,7 @@ def load_policy(spec: str, env: Any, *, env_id: str | None = None, sampling: Sam
         backend = load_backend(spec, max_concurrency=max_concurrency)
         if probe:
             backend.generate([[{"role": "user", "content": "Say OK."}]], SamplingParams(max_new_tokens=1, seed=0))
-        return TextPolicy(backend, sampling, name=spec)
+        return TextPolicy(backend, sampling, name=spec, text_format=policy_format(env))
 
     if kind == "openai":
         if "#" not in target or not target.rpartition("#")[2]:
@@ -114,14 +109,14 @@ def load_policy(spec: str, env: Any, *, env_id: str | None = None, sampling: Sam
         backend = load_backend(spec, max_concurrency=max_concurrency)
         if probe:
             probe_endpoint(spec)
-        return TextPolicy(backend, sampling, name=spec)
+        return TextPolicy(backend, sampling, name=spec, text_format=policy_format(env))
     if kind in ("hf", "transformers") or spec in EMBEDDED_MODELS:
         if kind in ("hf", "transformers") and not target:
             raise PolicySpecError(f"policy {spec!r}: name the model folder, e.g. hf:/models/my-agent")
         from simpop.agents import load_backend
 
         backend = load_backend(spec if spec in EMBEDDED_MODELS else f"transformers:{target}")
-        return TextPolicy(backend, sampling, name=spec)
+        return TextPolicy(backend, sampling, name=spec, text_format=policy_format(env))
     if kind == "run":
         run_dir, _, step = target.rpartition("@") if "@" in target else (target, "", "")
         if not run_dir:
@@ -153,67 +148,58 @@ def probe_endpoint(spec: str) -> None:
 
 
 # ---------------------------------------------------------------------------------------------- text
-class TextPolicy:
+class TextPolicy(Player):
     """An untracked text policy on any backend: observations to chats, one batched ``generate`` per turn.
 
     Args:
         backend: Any :class:`~simpop.agents.base.Backend`.
-        sampling: Decoding of the policy's turns (``seed`` is drawn per call from the rollout generator).
+        sampling: Decoding of the policy's turns (``seed`` is drawn per call from the first slot's generator,
+            the rollout's).
         name: Shown in logs and reports.
+        text_format: The env's text format for the policy seat (:func:`policy_format`); None: the
+            observation's own chat (:func:`observation_chat`).
 
     Attributes:
         stats: Counters of the env text format's fallbacks (e.g. CooperBench ``unparsed_actions``) and
             ``backend_calls``.
     """
 
-    def __init__(self, backend: Any, sampling: SamplingParams = DEFAULT_SAMPLING, name: str | None = None):
+    def __init__(self, backend: Any, sampling: SamplingParams = DEFAULT_SAMPLING, name: str | None = None,
+                 text_format: TextFormat | None = None):
         self.backend = backend
         self.sampling = sampling
-        self.name = name or getattr(backend, "name", "text-policy")
-        self.stats: dict[str, int] = {"backend_calls": 0}
-        self._envs: list[Any] | None = None
+        self.name = str(name or getattr(backend, "name", "text-policy"))
+        self.text_format = text_format
+        self.stats: dict[str, int] = {"backend_calls": 0, **{c: 0 for c in getattr(text_format, "counters", ())}}
 
     @property
     def rng_free(self) -> bool:
         """Greedy decoding: the replies do not depend on the seed drawn from the rollout generator."""
         return self.sampling.temperature == 0
 
-    def begin_wave(self, envs: list[Any]) -> None:
-        """The envs of the next wave (used where the env has its own text format)."""
-        self._envs = list(envs)
+    def reset_batch(self, scenarios: list[Any], rngs: list[np.random.Generator]) -> None:
+        super().reset_batch(scenarios, rngs)
+        self.scenarios = list(scenarios)
 
-    def act_batch(self, observations: list[Any], rng: np.random.Generator) -> list[str]:
-        """One reply per text observation, in one batched backend call seeded from ``rng``."""
-        formats = self._formats(len(observations))
-        chats = [fmt.chat(obs, scenario) if fmt is not None else observation_chat(obs)
-                 for obs, (fmt, scenario) in zip(observations, formats)]
+    def act_batch(self, observations: list[Any], slots: list[int]) -> list[str]:
+        """One reply per text observation, in one batched backend call."""
+        fmt = self.text_format
+        chats = [fmt.chat(obs, self.scenarios[slot]) if fmt is not None else observation_chat(obs)
+                 for obs, slot in zip(observations, slots, strict=True)]
         params = SamplingParams(max_new_tokens=self.sampling.max_new_tokens, temperature=self.sampling.temperature,
-                                top_p=self.sampling.top_p, stop=self.sampling.stop, seed=int(rng.integers(2**31)))
+                                top_p=self.sampling.top_p, stop=self.sampling.stop,
+                                seed=int(self.rngs[slots[0]].integers(2**31)))
         self.stats["backend_calls"] += 1
         generations = self.backend.generate(chats, params)
         if len(generations) != len(chats):
             raise RuntimeError(f"backend {self.name} returned {len(generations)} generations for {len(chats)} chats")
-        actions = []
-        for generation, (fmt, _) in zip(generations, formats):
-            text = generation.text
-            actions.append(fmt.to_action(text, self.stats) if fmt is not None else text.strip())
-        return actions
+        return [fmt.to_action(g.text, self.stats) if fmt is not None else g.text.strip() for g in generations]
 
-    def _formats(self, n: int) -> list[tuple[Any, Any]]:
-        """Per observation: (the env's text format for the policy seat, the dialogue's scenario), or Nones."""
-        if self._envs is None or not self._envs or getattr(self._envs[0], "text_format", None) is None:
-            return [(None, None)] * n
-        slots = pending_slots(self._envs, n, self.name)
-        out = []
-        for slot in slots:
-            env = self._envs[slot]
-            fmt = env.text_format
-            if hasattr(fmt, "seat"):
-                fmt = type(fmt)(env.policy_seat)
-            for counter in getattr(fmt, "counters", ()):
-                self.stats.setdefault(counter, 0)
-            out.append((fmt, env.scenario))
-        return out
+
+def policy_format(env: Any) -> TextFormat | None:
+    """``env``'s text format (``env.text_format``) built for its policy seat, or None where it has none."""
+    fmt = getattr(env, "text_format", None)
+    return type(fmt)(env.policy_seat) if fmt is not None and hasattr(fmt, "seat") else fmt
 
 
 def observation_chat(observation: str) -> Chat:
@@ -241,120 +227,6 @@ def observation_chat(observation: str) -> Chat:
     return chat
 
 
-def pending_slots(envs: Sequence[Any], n: int, name: str) -> list[int]:
-    """The wave slots whose dialogues await the policy, in the order the rollout engine asks them."""
-    slots = [i for i, env in enumerate(envs) if not env.done and env.to_act == env.policy_seat]
-    if len(slots) != n:
-        raise RuntimeError(f"{name}: got {n} observations but {len(slots)} dialogues of this wave await the "
-                           f"policy; run it through simpop eval (it tells the policy each wave's envs)")
-    return slots
-
-
-# ---------------------------------------------------------------------------------------------- reference
-class DialoguePolicy:
-    """A policy that plays each dialogue from its env (scenario, seat): subclasses implement :meth:`start`
-    (once per wave, when every dialogue of the wave has been reset) and :meth:`act` (one slot's turn)."""
-
-    name = "dialogue-policy"
-
-    def __init__(self) -> None:
-        self._envs: list[Any] | None = None
-        self._started = False
-
-    def begin_wave(self, envs: list[Any]) -> None:
-        """Take the envs of the next wave, in slot order (the runner calls this before the wave)."""
-        self._envs, self._started = list(envs), False
-
-    def act_batch(self, observations: list[Any], rng: np.random.Generator) -> list[Any]:
-        """Actions for the dialogues whose turn it is, matched to their envs in slot order.
-
-        Raises:
-            RuntimeError: No wave was begun (the policy was run outside simpop's evaluation).
-        """
-        if self._envs is None:
-            raise RuntimeError(f"{self.name} plays each dialogue from its env; run it with simpop eval, "
-                               f"simpop.evaluation.eval_run.evaluate_panel or simpop.evaluation.panel.evaluate")
-        slots = pending_slots(self._envs, len(observations), self.name)
-        if not self._started:
-            self.start(self._envs, rng)
-            self._started = True
-        return self.act_slots(slots, observations, rng)
-
-    def start(self, envs: list[Any], rng: np.random.Generator) -> None:
-        """Begin the wave's dialogues (every env is reset)."""
-
-    def act_slots(self, slots: list[int], observations: list[Any], rng: np.random.Generator) -> list[Any]:
-        """Actions for the given slots; by default :meth:`act` per slot."""
-        return [self.act(slot, obs, rng) for slot, obs in zip(slots, observations)]
-
-    def act(self, slot: int, observation: Any, rng: np.random.Generator) -> Any:
-        """One slot's turn; subclasses implement it (or override :meth:`act_slots` for the whole batch)."""
-        raise NotImplementedError(f"{type(self).__name__} must implement act() or act_slots()")
-
-
-class ReferencePersuader(DialoguePolicy):
-    """P4G's reference persuader: each dialogue plays one act sequence of
-    :func:`~simpop.envs.persuasion.model.reference_persuader` (greeting, strategies at corpus frequencies,
-    the proposition at a uniform turn of the second half), drawn from the rollout generator when the wave
-    starts. Act level it returns the act's index; text level one phrasing of the act
-    (:func:`~simpop.envs.persuasion.acts.render_persuader`)."""
-
-    name = "reference-persuader"
-
-    def __init__(self, text: bool):
-        super().__init__()
-        self.text = text
-        self._plans: list[list[str]] = []
-
-    def start(self, envs: list[Any], rng: np.random.Generator) -> None:
-        from simpop.envs.persuasion.model import reference_persuader
-
-        self._plans = [list(reference_persuader(rng, env.max_turns)) for env in envs]
-
-    def act(self, slot: int, observation: Any, rng: np.random.Generator) -> Any:
-        from simpop.envs.persuasion.acts import PERSUADER_ACTS, render_persuader
-
-        plan = self._plans[slot]
-        act = plan.pop(0) if plan else "closing"
-        return render_persuader(act, rng) if self.text else PERSUADER_ACTS.index(act)
-
-
-class GoldTau2Agent(DialoguePolicy):
-    """τ²'s reference: a :class:`~simpop.envs.tau2.simulators.GoldAgent` per dialogue (the task's gold
-    actions, then what τ² checks was communicated)."""
-
-    name = "tau2-gold"
-    rng_free = True  # the gold actions: nothing drawn
-
-    def start(self, envs: list[Any], rng: np.random.Generator) -> None:
-        from simpop.envs.tau2.simulators import GoldAgent
-
-        self._agents = [GoldAgent(env.scenario) for env in envs]
-
-    def act(self, slot: int, observation: Any, rng: np.random.Generator) -> Any:
-        return self._agents[slot].act(observation)
-
-
-class SeatSimulator(DialoguePolicy):
-    """A simulator playing the policy seat (CooperBench's scripted gold-patch teammate as ``agent1``).
-
-    Its slots are the wave's dialogues; slot ``i``'s generator is seeded from dialogue ``i``'s user seed.
-    """
-
-    def __init__(self, simulator: Any, name: str):
-        super().__init__()
-        self.simulator = simulator
-        self.name = name
-
-    def start(self, envs: list[Any], rng: np.random.Generator) -> None:
-        self.simulator.reset_batch([env.scenario for env in envs],
-                                   [np.random.default_rng([env.user_seed, 1]) for env in envs])
-
-    def act_slots(self, slots: list[int], observations: list[Any], rng: np.random.Generator) -> list[Any]:
-        """The wrapped simulator's actions for the given slots (one batched call)."""
-        return list(self.simulator.act_batch(list(observations), list(slots)))
-
-
 #: Benchmark package -> what ``reference`` is there (for the error message).
 REFERENCE_AGENTS = {
     "simpop.envs.persuasion": "P4G: a persuader playing reference_persuader's act sequences (act and text)",
@@ -370,45 +242,41 @@ def reference_policy(env: Any) -> Any:
     if benchmark == "simpop.envs.persuasion":
         from gymnasium import spaces
 
-        return ReferencePersuader(text=not isinstance(env.action_space(env.policy_seat), spaces.Discrete))
+        from simpop.envs.persuasion.reference import ReferencePersuader
+
+        return ReferencePersuader(not isinstance(env.action_space(env.policy_seat), spaces.Discrete), env.max_turns)
     if benchmark == "simpop.envs.tau2":
+        from simpop.envs.tau2.reference import GoldTau2Agent
+
         return GoldTau2Agent()
     if benchmark == "simpop.envs.cooperbench":
         from simpop.envs.cooperbench.simulators import ScriptedTeammate
 
-        return SeatSimulator(ScriptedTeammate(seat=env.policy_seat, mode="cooperative", name="gold-patch"),
-                             "cooperbench-gold")
+        return ScriptedTeammate(seat=env.policy_seat, mode="cooperative", name="cooperbench-gold")
     raise PolicySpecError(f"no reference agent for {type(env).__name__}; 'reference' exists for: "
                           + "; ".join(REFERENCE_AGENTS.values()))
 
 
 # ---------------------------------------------------------------------------------------------- objects
 def load_object_policy(spec: str) -> Any:
-    """``module:attr``: an object with ``act_batch`` (or a token policy), or a zero-argument factory of one."""
+    """``module:attr``: a :class:`~simpop.seat.Player`, or a zero-argument factory of one."""
     from simpop.envs.registration import load
 
     try:
         value = load(spec)
     except Exception as error:  # the module may raise anything while it is imported
         raise PolicySpecError(f"policy {spec!r}: cannot import it ({type(error).__name__}: {error})") from None
-    if not _is_policy(value) and callable(value):
+    if not isinstance(value, Player) and callable(value):
         try:
             value = value()
         except TypeError as error:
             raise PolicySpecError(f"policy {spec!r}: a factory must take no arguments ({error})") from None
         except Exception as error:
             raise PolicySpecError(f"policy {spec!r}: its factory raised {type(error).__name__}: {error}") from None
-    if not _is_policy(value):
-        raise PolicySpecError(f"policy {spec!r} is a {type(value).__name__}, which has no act_batch(observations, "
-                              f"rng) method (nor is it a zero-argument factory of such an object)")
+    if not isinstance(value, Player):
+        raise PolicySpecError(f"policy {spec!r} is a {type(value).__name__}, not a simpop.seat.Player with "
+                              f"act_batch(observations, slots) (nor a zero-argument factory of one)")
     return value
-
-
-def _is_policy(value: Any) -> bool:
-    from simpop.agents.policy import TokenPolicy
-
-    return (not isinstance(value, type)) and (callable(getattr(value, "act_batch", None))
-                                              or isinstance(value, TokenPolicy))
 
 
 # ---------------------------------------------------------------------------------------------- run folders

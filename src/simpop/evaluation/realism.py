@@ -1,7 +1,7 @@
 """The realism index: how far a P4G simulator's behaviour is from the real persuadees' (``simpop audit --realism``).
 
 A simulator plays ``n`` dialogues against the corpus-like reference persuader
-(:class:`~simpop.evaluation.policies.ReferencePersuader`: greeting, strategies at corpus frequencies, then the ask).
+(:class:`~simpop.envs.persuasion.reference.ReferencePersuader`: greeting, strategies at corpus frequencies, then the ask).
 Each dialogue and each real P4G dialogue is reduced to the same behavioural statistics, measured by the same
 instrument on both sides, and each statistic is compared with the people's by a named distance in [0, 1]:
 
@@ -354,14 +354,13 @@ def conversations_of(simulator: Any, level: str, episodes: int, seed: int = 0) -
     """``episodes`` dialogues of ``simulator`` (a simulator or population built for ``level``'s env) against the
     reference persuader (act level: the env transcript's acts; text level: its texts)."""
     from simpop.envs.registration import make
-    from simpop.evaluation.panel import EnvPool, begin_wave
-    from simpop.evaluation.policies import ReferencePersuader
+    from simpop.evaluation.panel import EnvPool
+    from simpop.envs.persuasion.reference import ReferencePersuader
     from simpop.rollout import RolloutEngine
 
-    policy = ReferencePersuader(text=level == "text")
     pool = EnvPool(lambda: make(_ENV_IDS[level]))
+    policy = ReferencePersuader(level == "text", pool.take(1)[0].max_turns)
     engine = RolloutEngine(pool.factory(), policy, simulator)
-    begin_wave(policy, pool.take(episodes))
     out = []
     for trajectory, env in zip(engine.collect(episodes, group_size=1, seed=seed), pool.envs):
         said = [(t.act if level == "act" else t.text) for t in env.transcript]

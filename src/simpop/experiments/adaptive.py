@@ -32,7 +32,6 @@ from __future__ import annotations
 
 import dataclasses
 import json
-import math
 import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
@@ -249,7 +248,7 @@ def summarise(records: Sequence[dict[str, Any]], config: AdaptiveConfig, wall_ti
     """Per condition: final held-out / training success, pool size, dialogues run (mean, 95% t-CI over seeds),
     and paired comparisons of held-out success (failure - fixed, failure - population)."""
     from simpop.evaluation.metrics import mean_ci
-    from simpop.evaluation.report import Comparison
+    from simpop.experiments.collapse_report import Comparison
 
     per_seed: dict[str, dict[str, list[float]]] = {}
     for condition in config.conditions:
@@ -291,13 +290,10 @@ def growth_log(records: Sequence[dict[str, Any]]) -> list[dict[str, Any]]:
             for r in records if r["condition"].startswith("failure") and r["kind"] == "train" and "pool_added" in r]
 
 
-def _cell(s: dict[str, Any], digits: int = 3) -> str:
-    return "n/a" if not math.isfinite(s["mean"]) else (f"{s['mean']:.{digits}f} [{s['ci_low']:.{digits}f}, "
-                                                        f"{s['ci_high']:.{digits}f}]")
-
-
 def render_report(summary: dict[str, Any], plots: Sequence[Path]) -> str:
     """``report.md``: setup, the table, paired comparisons with verdicts, plots."""
+    from simpop.experiments.collapse_report import cell
+
     setup = summary["setup"]
     columns = {"heldout_success": "held-out success", "initial_heldout_success": "initial held-out",
                "heldout_gain": "held-out gain", "train_success": "training-pool success",
@@ -312,7 +308,7 @@ def render_report(summary: dict[str, Any], plots: Sequence[Path]) -> str:
              f"{summary['wall_time_s']:.0f} s. Values: mean [95% Student-t CI over seeds], final evaluation.", "",
              "| condition | " + " | ".join(columns.values()) + " |", "|" + "---|" * (len(columns) + 1)]
     for name, cond in summary["conditions"].items():
-        lines.append(f"| {name} | " + " | ".join(_cell(cond[k], 1 if k in ("pool_size", "dialogues") else 3)
+        lines.append(f"| {name} | " + " | ".join(cell(cond[k], 1 if k in ("pool_size", "dialogues") else 3)
                                                  for k in columns) + " |")
     lines += ["", "## Paired comparisons (by seed)", "", "| comparison | mean | 95% CI | verdict |",
               "|---|---|---|---|"]
@@ -343,25 +339,11 @@ def plot(records: Sequence[dict[str, Any]], out: Path, order: Sequence[str]) -> 
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
-    from simpop.evaluation.report import curves
+    from simpop.experiments.collapse_report import plot_curves
 
-    paths = []
-    for stem, metric, label in (("heldout_success", "heldout_success", "held-out panel success"),
-                                ("pool_size", "pool_size", "training pool size")):
-        data = curves(records, "eval", metric)
-        fig, ax = plt.subplots(figsize=(6.4, 4.0), dpi=110)
-        for name in [c for c in order if c in data]:
-            steps, mean, lo, hi = data[name]
-            (line,) = ax.plot(steps, mean, label=name)
-            ax.fill_between(steps, lo, hi, color=line.get_color(), alpha=0.2, linewidth=0)
-        ax.set_xlabel("policy updates")
-        ax.set_ylabel(label)
-        ax.grid(alpha=0.3)
-        ax.legend(fontsize=8)
-        fig.tight_layout()
-        paths.append(out / f"{stem}.png")
-        fig.savefig(paths[-1])
-        plt.close(fig)
+    paths = plot_curves(records, out, order, plots=(
+        ("heldout_success", "eval", "heldout_success", "held-out panel success", (0.0, 1.0)),
+        ("pool_size", "eval", "pool_size", "training pool size", (0.0, None))))
     # compute curve: held-out success against all dialogues run (training + probe), mean over seeds
     fig, ax = plt.subplots(figsize=(6.4, 4.0), dpi=110)
     for name in order:

@@ -22,10 +22,7 @@ def configure(parser: argparse.ArgumentParser) -> None:
     p = sub.add_parser("collapse", help="frozen vs verbalized vs co-training vs population co-training on P4G",
                        description="Train the same policy against four kinds of simulator with equal budgets and "
                                    "seeds, evaluate on a held-out panel, and write metrics, summary, report, plots.")
-    p.add_argument("--out", type=Path, default=None,
-                   help="output folder (default runs/collapse-<level>)")
-    p.add_argument("--resume", action="store_true", help="continue the run in --out; finished runs are skipped")
-    p.add_argument("--config", type=Path, default=None, help="YAML file of CollapseConfig fields (flags win)")
+    add_run_flags(p, CollapseConfig, None, "runs/collapse-<level>")
     p.add_argument("--quiet", action="store_true", help="no progress bar")
     p.add_argument("--plan", nargs="+", type=Path, default=None, metavar="PILOT",
                    help="run nothing: from finished pilot folders (or their summary.json), print the seeds and "
@@ -50,18 +47,15 @@ def configure_adaptive(sub: Any) -> None:
                        description="Train the act-level P4G policy against a fixed random simulator pool, a pool "
                                    "grown from its failures and pruned, and population co-training, with equal "
                                    "budgets; evaluate on the held-out panel; write summary, report and plots.")
-    p.add_argument("--out", type=Path, default=Path("runs/adaptive"), help="output folder (default runs/adaptive)")
-    p.add_argument("--resume", action="store_true", help="continue the run in --out; finished runs are skipped")
-    p.add_argument("--config", type=Path, default=None, help="YAML file of AdaptiveConfig fields (flags win)")
+    add_run_flags(p, AdaptiveConfig, Path("runs/adaptive"))
     p.add_argument("--quiet", action="store_true", help="no progress bar")
     add_report_to(p)
     add_arguments(p, AdaptiveConfig)
     m = sub.add_parser("monitor", help="calibrate the collapse early warning on the act-level collapse experiment",
                        description="Run frozen / verbalized / cotrain with the collapse monitor and report its lead "
                                    "time and false alarms with CIs over seeds.")
-    m.add_argument("--out", type=Path, default=Path("runs/monitor"), help="output folder (default runs/monitor)")
-    m.add_argument("--config", type=Path, default=None, help="YAML file of MonitorCalibrationConfig fields")
-    m.add_argument("--resume", action="store_true", help="keep the finished runs in --out and run the others")
+    add_run_flags(m, MonitorCalibrationConfig, Path("runs/monitor"),
+                  resume="keep the finished runs in --out and run the others")
     add_report_to(m)
     add_arguments(m, MonitorCalibrationConfig)
 
@@ -75,10 +69,18 @@ def configure_defaults(sub: Any) -> None:
                        description="Run the GRPO and PPO grids of docs/defaults-study.md over the seeds, evaluate each "
                                    "run on the held-out panel before and after training, apply the rule, and write "
                                    "summary.json and table.md.")
-    p.add_argument("--out", type=Path, default=Path("runs/defaults"), help="output folder (default runs/defaults)")
-    p.add_argument("--resume", action="store_true", help="continue the grid in --out; finished runs are skipped")
-    p.add_argument("--config", type=Path, default=None, help="YAML file of DefaultsConfig fields (flags win)")
+    add_run_flags(p, DefaultsConfig, Path("runs/defaults"),
+                  resume="continue the grid in --out; finished runs are skipped")
     add_arguments(p, DefaultsConfig)
+
+
+def add_run_flags(parser: argparse.ArgumentParser, config: type, out: Path | None, shown: str | None = None,
+                  resume: str = "continue the run in --out; finished runs are skipped") -> None:
+    """An experiment's ``--out`` (default ``out``, named ``shown`` in the help), ``--resume`` and ``--config`` (a YAML
+    file of ``config``'s fields)."""
+    parser.add_argument("--out", type=Path, default=out, help=f"output folder (default {shown or out})")
+    parser.add_argument("--resume", action="store_true", help=resume)
+    parser.add_argument("--config", type=Path, default=None, help=f"YAML file of {config.__name__} fields (flags win)")
 
 
 def add_report_to(parser: argparse.ArgumentParser) -> None:
@@ -99,9 +101,6 @@ def _run(args: argparse.Namespace, held: contextlib.ExitStack) -> int:
     from simpop.evaluation.trackers import require
     from simpop.experiments.collapse import run_collapse
     from simpop.experiments.conditions import CollapseConfig
-    from simpop.files import run_lock
-    from simpop.train.cli import check_out_dir
-    from simpop.train.config import build
 
     if args.experiment in ("adaptive", "monitor"):
         return run_adaptive(args, held)
@@ -109,20 +108,14 @@ def _run(args: argparse.Namespace, held: contextlib.ExitStack) -> int:
         return run_defaults(args, held)
 
     try:  # setup errors are the user's to fix: one line naming the field or flag, exit code 2
-        if args.config is not None and not Path(args.config).is_file():
-            raise ValueError(f"--config {args.config}: no such file")
-        config = build(CollapseConfig, args, yaml_path=args.config)
+        config = _config(CollapseConfig, args)
         if args.plan is not None:
             from simpop.experiments.power import plan
 
             print(plan(args.plan, args.plan_difference, max(1, len(set(config.conditions or ()) - {"frozen"}))), end="")
             return 0
         require(args.report_to)
-        out = args.out or Path("runs") / f"collapse-{config.level}"
-        check_out_dir(out)
-        held.enter_context(run_lock(out))  # one writer per run folder, before it is touched
-        if not args.resume and (out / "runs").exists():
-            raise ValueError(f"--out {out} already holds a run: pass --resume to continue it, or choose another --out")
+        out = _hold(args.out or Path("runs") / f"collapse-{config.level}", args, held)
     except (ValueError, TypeError, OSError) as error:
         print(f"simpop experiment {args.experiment}: error: {error}", file=sys.stderr)
         return 2
@@ -135,21 +128,12 @@ def run_adaptive(args: argparse.Namespace, held: contextlib.ExitStack) -> int:
     from simpop.evaluation.trackers import require
     from simpop.experiments.adaptive import AdaptiveConfig, run_adaptive as adaptive
     from simpop.experiments.monitor_calibration import MonitorCalibrationConfig, run_calibration
-    from simpop.files import run_lock
-    from simpop.train.cli import check_out_dir
-    from simpop.train.config import build
 
     cls: Any = AdaptiveConfig if args.experiment == "adaptive" else MonitorCalibrationConfig
     try:
-        if args.config is not None and not Path(args.config).is_file():
-            raise ValueError(f"--config {args.config}: no such file")
-        config = build(cls, args, yaml_path=args.config)
+        config = _config(cls, args)
         require(args.report_to)
-        check_out_dir(args.out)
-        held.enter_context(run_lock(args.out))  # one writer per run folder, before it is touched
-        if not args.resume and (args.out / "runs").exists():
-            raise ValueError(f"--out {args.out} already holds a run: pass --resume to continue it, or choose another "
-                             f"--out")
+        _hold(args.out, args, held)
     except (ValueError, TypeError, OSError) as error:
         print(f"simpop experiment {args.experiment}: error: {error}", file=sys.stderr)
         return 2
@@ -162,24 +146,39 @@ def run_adaptive(args: argparse.Namespace, held: contextlib.ExitStack) -> int:
 def run_defaults(args: argparse.Namespace, held: contextlib.ExitStack) -> int:
     """``simpop experiment defaults``, holding ``--out``'s writer lock in ``held``."""
     from simpop.experiments.defaults import DefaultsConfig, run_defaults as grid
-    from simpop.files import run_lock
-    from simpop.train.cli import check_out_dir, resolve_panel
-    from simpop.train.config import build
+    from simpop.train.cli import resolve_panel
 
     try:
-        if args.config is not None and not Path(args.config).is_file():
-            raise ValueError(f"--config {args.config}: no such file")
-        config = build(DefaultsConfig, args, yaml_path=args.config)
+        config = _config(DefaultsConfig, args)
         resolve_panel(config.panel, config.env)  # a named panel of the env
-        check_out_dir(args.out)
-        held.enter_context(run_lock(args.out))
-        if not args.resume and (args.out / "summary.json").exists():
-            raise ValueError(f"--out {args.out} already holds a grid: pass --resume to continue it, or choose another "
-                             f"--out")
+        _hold(args.out, args, held, marker="summary.json", holds="a grid")
     except (ValueError, TypeError, OSError) as error:
         print(f"simpop experiment defaults: error: {error}", file=sys.stderr)
         return 2
     return finish(args, lambda: grid(config, args.out))
+
+
+def _config(cls: Any, args: argparse.Namespace) -> Any:
+    """``cls`` from ``--config`` (a YAML file) and the flags (flags win)."""
+    from simpop.train.config import build
+
+    if args.config is not None and not Path(args.config).is_file():
+        raise ValueError(f"--config {args.config}: no such file")
+    return build(cls, args, yaml_path=args.config)
+
+
+def _hold(out: Path, args: argparse.Namespace, held: contextlib.ExitStack, marker: str = "runs",
+          holds: str = "a run") -> Path:
+    """Hold ``out``'s writer lock in ``held`` (one writer per run folder, before it is touched); refused when ``out``
+    already holds ``marker`` and ``--resume`` is off."""
+    from simpop.files import run_lock
+    from simpop.train.cli import check_out_dir
+
+    check_out_dir(out)
+    held.enter_context(run_lock(out))
+    if not args.resume and (out / marker).exists():
+        raise ValueError(f"--out {out} already holds {holds}: pass --resume to continue it, or choose another --out")
+    return out
 
 
 def finish(args: argparse.Namespace, experiment: Callable[[], Path]) -> int:

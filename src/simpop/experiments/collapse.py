@@ -70,7 +70,7 @@ the CPU has bf16 instructions, prefix cache on).
 
 Outputs in ``out``: ``metrics.jsonl`` (every update's training metrics and every evaluation, tagged
 with condition and seed), ``summary.json``, ``report.md`` (tables and claim verdicts computed from the
-data by :mod:`simpop.evaluation.report`) and PNG plots. Every (condition, seed) run keeps its own
+data by :mod:`simpop.experiments.collapse_report`) and PNG plots. Every (condition, seed) run keeps its own
 folder under ``out/runs`` with atomic checkpoints; ``resume`` continues each from its last checkpoint
 and skips finished runs. ``report_to`` (``--report-to``) logs every run and the plots to experiment trackers.
 """
@@ -205,7 +205,7 @@ def training_realism(simulator: Any, seed: int) -> dict[str, Any]:
 def summarise(records: Sequence[dict[str, Any]], config: CollapseConfig, descriptions: dict[str, str],
               wall_time_s: float) -> dict[str, Any]:
     """``summary.json``: per condition, final and initial values with mean and 95% CI over seeds."""
-    from simpop.evaluation.report import collapse_curve, judge_claims, judged, stat
+    from simpop.experiments.collapse_report import collapse_curve, judge_claims, judged, stat
 
     conditions: dict[str, Any] = {}
     for condition in config.conditions:
@@ -274,7 +274,7 @@ def _halves(values: Sequence[float]) -> list[list[float]]:
 
 def late_change(values: Sequence[float]) -> float:
     """Convergence check of a run's per-update training success: the mean over its last 10% of updates minus the
-    mean over the 10% before (|change| <= :data:`~simpop.evaluation.report.CONVERGED_CHANGE`: flat)."""
+    mean over the 10% before (|change| <= :data:`~simpop.experiments.collapse_report.CONVERGED_CHANGE`: flat)."""
     tenth = max(1, len(values) // 10)
     if len(values) < 2 * tenth or not values:
         return math.nan
@@ -398,7 +398,7 @@ def _base_descriptions(config: CollapseConfig) -> dict[str, str]:
 def write_outputs(out: Path, config: CollapseConfig, wall_time_s: float, report_to: str = "none") -> Path:
     """Merge run metrics into ``metrics.jsonl``; write ``summary.json``, plots and ``report.md``; log the plots to
     the trackers ``report_to`` names (:func:`simpop.evaluation.trackers.log_report`)."""
-    from simpop.evaluation.report import judge_claims, judged, plot_curves, plot_per_seed, render_report
+    from simpop.experiments.collapse_report import judge_claims, judged, plot_curves, plot_per_seed, render_report
     from simpop.evaluation.trackers import log_report
 
     records = read_records(out, config)

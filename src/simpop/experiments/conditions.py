@@ -82,7 +82,7 @@ def default_model(level: str) -> ModelConfig:
     the CPU has bf16 matmul, resolved here so that the report names it; the adapter is named per seed)."""
     if level == "act":
         return ModelConfig()
-    from simpop.agents.transformers_backend import resolve_dtype
+    from simpop.agents.process_tuning import resolve_dtype
 
     return ModelConfig(lora=True, dtype=resolve_dtype("auto"))
 
@@ -95,7 +95,7 @@ class CollapseConfig:
     Attributes:
         level: ``act`` (P4G dialogue acts, minutes on a CPU) or ``text`` (free text with LLMs).
         seeds: Seeds per condition (the same seeds for every condition); None: act 12, text 1 (one seed: CIs
-            are bootstraps over the evaluation dialogues, see :mod:`simpop.evaluation.report`).
+            are bootstraps over the evaluation dialogues, see :mod:`simpop.experiments.collapse_report`).
         first_seed: The first seed; seeds are ``first_seed .. first_seed + seeds - 1``.
         conditions: Conditions to run, from frozen, verbalized, cotrain, population, prioritised (population
             co-training choosing its members by the failure-prioritised rule), rotation and failure (act level: the

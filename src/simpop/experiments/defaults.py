@@ -175,30 +175,25 @@ def pick(rows: dict[str, dict[str, Any]]) -> tuple[str | None, str]:
                     f"{best:.3f} (tied: {', '.join(tied)})")
 
 
-def _cell(s: dict[str, float] | None, signed: bool = False) -> str:
-    if s is None:
-        return "n/a"
-    sign = "+" if signed else ""
-    return f"{s['mean']:{sign}.3f} [{s['ci_low']:{sign}.3f}, {s['ci_high']:{sign}.3f}]"
-
-
 def table(summary: dict[str, Any]) -> str:
     """The markdown tables of ``summary.json``: every cell, the rule's pick, the variants' check."""
+    from simpop.experiments.collapse_report import cell
+
     lines: list[str] = []
     for trainer, part in summary["grids"].items():
         lines += [f"### {trainer}", "", "| cell | seeds | held-out success (95% CI) | gain over untrained (95% CI) | "
                   "collapsed runs | s / run |", "|---|---|---|---|---|---|"]
         for name, row in part["rows"].items():
             mark = " **(picked)**" if name == part["picked"] else ""
-            lines.append(f"| `{name}`{mark} | {row['seeds']} | {_cell(row.get('heldout'))} | "
-                         f"{_cell(row.get('gain'), signed=True)} | {row['collapsed']} | {row['wall_s']:.1f} |")
+            lines.append(f"| `{name}`{mark} | {row['seeds']} | {cell(row.get('heldout'))} | "
+                         f"{cell(row.get('gain'), signed=True)} | {row['collapsed']} | {row['wall_s']:.1f} |")
         lines += ["", f"Rule: {part['reason']}.", ""]
     if summary.get("variants"):
         lines += ["### GRPO variants at the GRPO pick", "", "| algorithm | seeds | held-out success (95% CI) | "
                   "gain over untrained (95% CI) | collapsed runs | s / run | acceptance |", "|---|---|---|---|---|---|---|"]
         for name, row in summary["variants"].items():
-            lines.append(f"| `{name}` | {row['seeds']} | {_cell(row.get('heldout'))} | "
-                         f"{_cell(row.get('gain'), signed=True)} | {row['collapsed']} | {row['wall_s']:.1f} | "
+            lines.append(f"| `{name}` | {row['seeds']} | {cell(row.get('heldout'))} | "
+                         f"{cell(row.get('gain'), signed=True)} | {row['collapsed']} | {row['wall_s']:.1f} | "
                          f"{'passes' if row['eligible'] else 'fails' if row['complete'] else 'incomplete'} |")
         lines.append("")
     return "\n".join(lines)

@@ -139,25 +139,23 @@ def recommend(rows: dict[str, dict[str, Any]]) -> tuple[str | None, str]:
                     f"{', '.join(tied)} (within {TIE} of the best mean)")
 
 
-def _cell(s: dict[str, float], signed: bool = True, digits: int = 3) -> str:
-    sign = "+" if signed else ""
-    return f"{s['mean']:{sign}.{digits}f} [{s['ci_low']:{sign}.{digits}f}, {s['ci_high']:{sign}.{digits}f}]"
-
-
 def table(result: dict[str, Any]) -> str:
     """The markdown table: conditions x transfer to people x cost x recommendation (each marked interim before the
     planned seeds are in: nothing is acted on from it)."""
+    from simpop.experiments.collapse_report import cell
+
     mark = " (interim)" if result["interim"] else ""
     lines = ["| condition | human-fitted success | − frozen (95% CI) | Holm p | verdict | held-out − frozen | "
              "robustness − frozen | realism index | CPU s / update (× frozen) | recommendation |",
              "|---|---|---|---|---|---|---|---|---|---|"]
     for name, row in result["rows"].items():
         base = name == BASELINE
-        cells = [name, _cell(row["human_success"], signed=False),
-                 "" if base else _cell(row["human_difference"]),
+        cells = [name, cell(row["human_success"]),
+                 "" if base else cell(row["human_difference"], signed=True),
                  "" if base else f"{row['human_difference']['p_holm']:.3g}", row.get("verdict", ""),
-                 "" if base else _cell(row["heldout_difference"]), "" if base else _cell(row["robust_difference"]),
-                 _cell(row["realism_index"], signed=False) if "realism_index" in row else "n/a",
+                 "" if base else cell(row["heldout_difference"], signed=True),
+                 "" if base else cell(row["robust_difference"], signed=True),
+                 cell(row["realism_index"]) if "realism_index" in row else "n/a",
                  f"{row['cpu_s_per_update']['mean']:.3f} (× {row['cost_ratio']:.2f})", row["recommendation"] + mark]
         lines.append("| " + " | ".join(cells) + " |")
     return "\n".join(lines) + "\n"

@@ -1,5 +1,6 @@
 """What the PPO routes on both seats (TorchRL: :mod:`~simpop.integrations.torchrl_marl`, RLlib:
-:mod:`~simpop.integrations.rllib_marl`) share: their settings, what training returns, and the frozen-opponent rule.
+:mod:`~simpop.integrations.rllib_marl`) share: their settings (:class:`MarlConfig`, simpop's PPO settings extended),
+what training returns, and the frozen-opponent rule.
 
 :func:`evaluate` plays fixed seeds with frozen seats (trained, or uniformly random; the user seat may also be a
 simulator), so each seat's learning is measured against a frozen opponent: the policy seat's success, the user
@@ -19,47 +20,24 @@ from torch import nn
 import simpop
 from simpop.integrations.marl import MarlView
 from simpop.simulators.registry import build_simulator
-from simpop.validation import check_fields
+from simpop.train.ppo import PPOConfig
 
 
-@dataclass
-class PPOConfig:
-    """PPO settings shared by both entry points (defaults: PersuasionAct-v0, about a minute on one core)."""
+@dataclass(frozen=True)
+class MarlConfig(PPOConfig):
+    """Both routes' settings: PPO's (:class:`simpop.train.ppo.PPOConfig`; an iteration collects ``n_envs * n_steps``
+    frames), the env and the iterations (defaults: PersuasionAct-v0, about a minute on one core), and the user seat's
+    when both seats learn. Defaults that differ from the trainer's: ``lr`` 3e-3, ``gamma`` 1 (the policy seat is paid
+    the episode's outcome), ``vf_coef`` and ``max_grad_norm`` 1 (TorchRL's and RLlib's PPO defaults)."""
 
+    lr: float = 3e-3
+    gamma: float = 1.0
+    vf_coef: float = 1.0
+    max_grad_norm: float = 1.0
     env_id: str = "simpop/PersuasionAct-v0"
     iterations: int = 30
-    frames_per_batch: int = 512
-    epochs: int = 4
-    minibatch_size: int = 128
-    lr: float = 3e-3
-    lmbda: float = 0.95
-    clip_epsilon: float = 0.2
-    policy_entropy: float = 0.01
-    hidden: int = 64
-    seed: int = 0
-    #: Env copies stepped together (one batched policy call per step of all of them).
-    envs: int = 8
     env_kwargs: dict[str, Any] = field(default_factory=dict)
-
-    def __post_init__(self) -> None:
-        """Types by simpop's one validator (:func:`~simpop.validation.check_fields`), then ranges."""
-        check_fields(self)
-        for key in ("iterations", "frames_per_batch", "epochs", "minibatch_size", "hidden", "envs"):
-            self._need(getattr(self, key) >= 1, f"{key} must be >= 1, got {getattr(self, key)}")
-        self._need(self.lr > 0, f"lr must be > 0, got {self.lr}")
-        self._need(0 <= self.lmbda <= 1, f"lmbda must be in [0, 1], got {self.lmbda}")
-        self._need(0 < self.clip_epsilon < 1, f"clip_epsilon must be in (0, 1), typically 0.2; got {self.clip_epsilon}")
-        self._need(self.policy_entropy >= 0, f"policy_entropy must be >= 0, got {self.policy_entropy}")
-
-    def _need(self, ok: bool, message: str) -> None:
-        if not ok:
-            raise ValueError(f"{type(self).__name__}: {message}")
-
-
-@dataclass
-class MarlConfig(PPOConfig):
-    """Both seats: ``realism`` is the reference simulator spec whose reply distribution rewards the user seat."""
-
+    #: Both seats: the reference simulator spec whose reply distribution rewards the user seat.
     realism: str = "persuadee"
     #: The user seat may give the replies the reference gives with at least this probability.
     realism_floor: float = 0.02
@@ -68,8 +46,15 @@ class MarlConfig(PPOConfig):
 
     def __post_init__(self) -> None:
         super().__post_init__()
+        self._need(self.iterations >= 1, f"iterations must be >= 1, got {self.iterations}")
         self._need(0 < self.realism_floor < 1, f"realism_floor must be in (0, 1), got {self.realism_floor}")
         self._need(self.user_entropy >= 0, f"user_entropy must be >= 0, got {self.user_entropy}")
+
+    @property
+    def frames_per_batch(self) -> int:
+        """Frames collected per iteration: ``n_steps`` of each of the ``n_envs`` envs."""
+        return self.n_envs * self.n_steps
+
 
 @dataclass
 class Trained:

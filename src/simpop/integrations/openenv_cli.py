@@ -59,6 +59,9 @@ def configure(parser: argparse.ArgumentParser) -> None:
                         help="how long a session's reply waits for batch mates")
     models.add_argument("--max-inflight", type=integer(1, 100_000), default=calls.max_inflight,
                         help="most calls in flight at once to one model server (openai:, vllm: simulators)")
+    models.add_argument("--prefix-cache-mb", type=number(0, 1_000_000), default=calls.prefix_cache_mb,
+                        help="memory an in-process model keeps dialogues' keys and values in between their turns "
+                             "(MiB; 0: the model's own setting, off for a plain model)")
     cotrain = serve.add_argument_group("co-training (--cotrain): the server trains its trainable simulators")
     cotrain.add_argument("--cotrain", action="store_true",
                          help="train the trainable --simulator(s) on the episodes served (CoTrainer's objectives)")
@@ -109,7 +112,7 @@ def _build(args: argparse.Namespace, reuse_port: bool = False):
             from simpop.agents import load_backend
 
             tokenizer = load_backend(args.tokenizer)
-        calls = ModelCalls(args.max_batch, args.batch_window_ms / 1000, args.max_inflight)
+        calls = ModelCalls(args.max_batch, args.batch_window_ms / 1000, args.max_inflight, args.prefix_cache_mb)
         source = UserSeatSource(args.env, args.simulator or (), args.panel, parse_env_args(args.env_arg),
                                 tokenizer=tokenizer, calls=calls)
         cotrainer = _cotrainer(args, source)

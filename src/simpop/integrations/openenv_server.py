@@ -32,7 +32,9 @@ seat only and never sees the simulator's turns except as the user's replies.
   models (``smollm2``, ``transformers:...``): the replies that concurrent sessions wait for are gathered into one
   batched backend call (``simpop serve``'s :class:`~simpop.serve.batching.MicroBatcher`: at most ``max_batch``
   rows, the oldest waiting at most ``batch_window_s``); greedy replies equal the unbatched ones, and a seeded
-  sampling call runs alone, so a session's sampling does not depend on the others. Other in-process model work
+  sampling reply is the one its session would get alone (each row draws with its own generator). The model keeps each dialogue's
+  keys and values between its turns (its prefix cache, at most ``prefix_cache_mb``), so a session's next reply reads
+  only the tokens new since its last one. Other in-process model work
   (survey scoring, LoRA simulators' adapters) runs one session at a time, beside the batches. Served models (``openai:``,
   ``vllm:``) are called concurrently, at most ``max_inflight`` calls per server. A session that disconnects, or
   whose call fails, leaves its batch mates' replies alone.
@@ -42,7 +44,7 @@ seat only and never sees the simulator's turns except as the user's replies.
   instructions); a step that sends the ids the policy generated (``SimpopAction.token_ids``; the message
   defaults to their decoding) gets back ``token_ids``: what to append to the policy's context before it
   generates again (the turn's closing template tokens, the user's reply, the generation prompt), built by
-  simpop's token-in/token-out bookkeeping (:class:`~simpop.rollout.TokenLedger`), so the policy's own tokens
+  simpop's token-in/token-out bookkeeping (:class:`~simpop.agents.policy.TokenLedger`), so the policy's own tokens
   are never re-tokenised. A text-only step ends the token view for that episode. Without a server tokenizer,
   clients build token ids themselves from ``messages`` (:mod:`simpop.integrations.openenv_trl` does).
 """
@@ -80,7 +82,7 @@ from simpop.envs.registration import make
 from simpop.envs.wrappers import UserSeat
 from simpop.envs.dialogue import is_unicode, parse_observation
 from simpop.evaluation.panel import json_safe
-from simpop.rollout import ChatDelta, TokenLedger
+from simpop.agents.policy import ChatDelta, TokenLedger
 from simpop.seat import Simulator
 
 
@@ -147,13 +149,16 @@ class ModelCalls:
         max_batch: Most rows in one batched in-process generation.
         batch_window_s: How long the oldest waiting generation waits for batch mates.
         max_inflight: Most calls in flight at once to one model server (``base_url``).
+        prefix_cache_mb: Memory an in-process model's prefix cache may take (MiB); 0 leaves the model's own setting.
     """
 
-    def __init__(self, max_batch: int = 32, batch_window_s: float = 0.02, max_inflight: int = 64):
-        if max_batch < 1 or max_inflight < 1 or batch_window_s < 0:
-            raise ValueError(f"need max_batch >= 1, max_inflight >= 1 and batch_window_s >= 0, got {max_batch}, "
-                             f"{max_inflight} and {batch_window_s}")
+    def __init__(self, max_batch: int = 32, batch_window_s: float = 0.02, max_inflight: int = 64,
+                 prefix_cache_mb: float = 512.0):
+        if max_batch < 1 or max_inflight < 1 or batch_window_s < 0 or prefix_cache_mb < 0:
+            raise ValueError(f"need max_batch >= 1, max_inflight >= 1, batch_window_s >= 0 and prefix_cache_mb >= 0, "
+                             f"got {max_batch}, {max_inflight}, {batch_window_s} and {prefix_cache_mb}")
         self.max_batch, self.batch_window_s, self.max_inflight = max_batch, batch_window_s, max_inflight
+        self.prefix_cache_mb = prefix_cache_mb
         self.max_threads = 32  # sessions stepping at once (the server sets its --max-sessions)
         self.lock = threading.Lock()
         self._local = threading.local()  # whether this thread holds the lock for a session's step
@@ -168,6 +173,8 @@ class ModelCalls:
         ones bounded; LoRA backends (``trainable:...``, whose active adapter is shared state) as they are."""
         if key.startswith("trainable:") or not callable(getattr(backend, "generate", None)):
             return backend
+        if self.prefix_cache_mb and hasattr(backend, "prefixes"):  # an in-process model (TransformersBackend)
+            backend.prefix_cache, backend.prefixes.max_bytes = True, int(self.prefix_cache_mb * 2**20)
         return SharedBackend(backend, self)
 
     async def run(self, work: Callable[[], SimpopObservation]) -> SimpopObservation:

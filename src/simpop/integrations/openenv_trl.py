@@ -11,7 +11,7 @@ simulator population plays the user, and hands TRL, per dialogue, what
 generated: TRL's loss skips the user's turns), ``logprobs``, and ``env_reward`` / ``success`` /
 ``expected_success`` / ``simulator`` for reward functions (:func:`~simpop.train.trl_adapter.env_reward`,
 :func:`~simpop.train.trl_adapter.expected_reward`). Token ids are built on the client
-from the observation's chat with simpop's token-in/token-out bookkeeping (:class:`~simpop.rollout.TokenLedger`).
+from the observation's chat with simpop's token-in/token-out bookkeeping (:class:`~simpop.agents.policy.TokenLedger`).
 """
 
 from __future__ import annotations
@@ -25,7 +25,7 @@ import numpy as np
 
 from simpop.agents.base import SamplingParams
 from simpop.integrations.openenv_client import SimpopEnvClient
-from simpop.rollout import ChatDelta, TokenLedger
+from simpop.agents.policy import ChatDelta, TokenLedger
 from simpop.train.trl_adapter import scenario_id_of
 
 if TYPE_CHECKING:

@@ -1,7 +1,7 @@
 """PPO with RLlib, unmodified, on act-level simpop envs: both seats at once, or the policy seat against a population.
 
 RLlib's own ``PPO`` on its new API stack, in this process (no env-runner or learner actors; Ray starts a local
-instance beside it), with the settings of the TorchRL route (:class:`~simpop.integrations.marl_ppo.PPOConfig`),
+instance beside it), with the settings of the TorchRL route (:class:`~simpop.integrations.marl_ppo.MarlConfig`),
 judged by the same frozen-opponent rule (:func:`~simpop.integrations.marl_ppo.evaluate`,
 :func:`~simpop.integrations.marl_ppo.gain`).
 
@@ -15,8 +15,8 @@ expects differently from TorchRL, done by :class:`RLlibView` (a PettingZoo wrapp
   TorchRL route's ``terminated=done``; bootstrapping paid the policy seat for stalling to the cap).
 
 RLlib's PPO has one ``gamma`` for all modules and always standardises advantages, so unlike the TorchRL route the
-user seat's objective is not exactly ``-KL(user || reference)``: it gets ``gamma`` 1 and its own entropy coefficient
-(``MarlConfig.user_entropy``, per module).
+user seat's objective is not exactly ``-KL(user || reference)``: it gets the policy seat's ``gamma`` and its own
+entropy coefficient (``MarlConfig.user_entropy``, per module).
 
 The policy seat alone (:func:`train_policy_seat`): simpop's single-agent view ``gymnasium.make(env_id,
 simulator=population)``, the same PPO. RLlib lives in its own environment (``make rllib-env``: ``ray[rllib]`` pins
@@ -38,7 +38,7 @@ from pettingzoo.utils.wrappers import BaseParallelWrapper
 
 import simpop
 from simpop.integrations.marl import MarlView
-from simpop.integrations.marl_ppo import MarlConfig, PPOConfig, Trained, evaluate, gain
+from simpop.integrations.marl_ppo import MarlConfig, Trained, evaluate, gain
 from simpop.simulators.registry import build_simulator
 from simpop.user_input import SEED, ArgumentParser, integer
 
@@ -119,27 +119,27 @@ class _Logits(nn.Module):
             return self.module.forward_inference({"obs": obs})["action_dist_inputs"][0]
 
 
-def _ppo(config: PPOConfig, env: str, env_config: dict[str, Any]) -> RLlibPPOConfig:
+def _ppo(config: MarlConfig, env: str, env_config: dict[str, Any]) -> RLlibPPOConfig:
     """RLlib's PPO with ``config``'s settings, its sampling and learning in this process. Unless Ray is running,
     starts a local instance of its own (one CPU, no dashboard), never one it finds on the machine."""
     if not ray.is_initialized():
         ray.init(address="local", num_cpus=1, include_dashboard=False, log_to_driver=False, logging_level=logging.ERROR)
     return (RLlibPPOConfig()
             .environment(env, env_config=env_config)
-            .env_runners(num_env_runners=0, num_envs_per_env_runner=config.envs)
+            .env_runners(num_env_runners=0, num_envs_per_env_runner=config.n_envs)
             .learners(num_learners=0)
             .training(train_batch_size_per_learner=config.frames_per_batch, minibatch_size=config.minibatch_size,
-                      num_epochs=config.epochs, lr=config.lr, lambda_=config.lmbda, gamma=1.0,
-                      clip_param=config.clip_epsilon, entropy_coeff=config.policy_entropy, use_kl_loss=False,
-                      grad_clip=1.0)
+                      num_epochs=config.epochs, lr=config.lr, lambda_=config.gae_lambda, gamma=config.gamma,
+                      clip_param=config.clip_eps, entropy_coeff=config.ent_coef, vf_loss_coeff=config.vf_coef,
+                      use_kl_loss=False, grad_clip=config.max_grad_norm or None)
             .debugging(seed=config.seed, log_level="ERROR"))
 
 
-def _model(config: PPOConfig) -> DefaultModelConfig:
-    return DefaultModelConfig(fcnet_hiddens=[config.hidden, config.hidden], fcnet_activation="tanh")
+def _model(config: MarlConfig) -> DefaultModelConfig:
+    return DefaultModelConfig(fcnet_hiddens=[config.hidden_size, config.hidden_size], fcnet_activation="tanh")
 
 
-def _train(algorithm: Any, config: PPOConfig, measure: Callable[[dict[str, Any]], dict[str, float]],
+def _train(algorithm: Any, config: MarlConfig, measure: Callable[[dict[str, Any]], dict[str, float]],
            log: Callable[[str], Any]) -> list[dict[str, float]]:
     history, start = [], time.perf_counter()
     try:
@@ -197,11 +197,11 @@ def train_both_seats(config: MarlConfig | None = None, log: Callable[[str], Any]
                              user: _Logits(algorithm, user, mask_size=dialogue.action_space(user).n)})
 
 
-def train_policy_seat(population: Any, config: PPOConfig | None = None,
+def train_policy_seat(population: Any, config: MarlConfig | None = None,
                       log: Callable[[str], Any] = print) -> Trained:
     """RLlib's PPO on the policy seat alone against ``population`` (simulator spec(s), or a factory returning a
     simulator: one per env copy). Records ``policy_success``."""
-    config = config or PPOConfig()
+    config = config or MarlConfig()
     if isinstance(population, (str, list, tuple, dict)):
         specs = population
         population = lambda: build_simulator(specs, env=simpop.make(config.env_id, **config.env_kwargs))  # noqa: E731

@@ -3,8 +3,8 @@
 Both seats (:func:`train_both_seats`): the recipe of TorchRL's multi-agent PPO tutorial with one group per seat (the
 seats have different observation and action spaces): TorchRL's own ``PettingZooWrapper`` around
 :class:`~simpop.integrations.marl.MarlView`, a categorical actor (masked for the user seat) and a critic per seat,
-``Collector``, ``GAE`` and ``ClipPPOLoss`` per seat. The policy seat is rewarded by the benchmark (``gamma`` 1: the episode's outcome). The
-user seat is rewarded by ``MarlView``'s realism reward, ``log p_reference(reply)``, per reply (``gamma`` 0: a
+``Collector``, ``GAE`` and ``ClipPPOLoss`` per seat. The policy seat is rewarded by the benchmark (``gamma`` 1 by
+default: the episode's outcome). The user seat is rewarded by ``MarlView``'s realism reward, ``log p_reference(reply)``, per reply (``gamma`` 0: a
 contextual bandit, so ending dialogues early neither pays nor costs) with entropy coefficient 1 and unnormalised
 advantages: its objective is ``-KL(user || reference)`` at every turn.
 
@@ -26,7 +26,7 @@ import gymnasium
 
 import simpop
 from simpop.integrations.marl import MarlView
-from simpop.integrations.marl_ppo import MarlConfig, PPOConfig, Trained
+from simpop.integrations.marl_ppo import MarlConfig, Trained
 from simpop.integrations.marl_ppo import Evaluation as Evaluation, evaluate as evaluate  # re-exported
 from simpop.simulators.registry import build_simulator
 
@@ -63,19 +63,19 @@ def _mlp(n_in: int, n_out: int, hidden: int) -> nn.Module:
                          nn.Linear(hidden, n_out))
 
 
-def _seat(env: EnvBase, prefix: tuple[str, ...], config: PPOConfig, *, gamma: float, entropy: float,
-          normalize: bool, masked: bool, clip_epsilon: float) -> _Seat:
+def _seat(env: EnvBase, prefix: tuple[str, ...], config: MarlConfig, *, gamma: float, entropy: float,
+          normalize: bool, masked: bool) -> _Seat:
     n_obs = env.observation_spec[(*prefix, "observation")].shape[-1]
     action_spec = env.full_action_spec[(*prefix, "action")]
-    net = _mlp(n_obs, action_spec.space.n, config.hidden)
+    net = _mlp(n_obs, action_spec.space.n, config.hidden_size)
     logits = TensorDictModule(net, in_keys=[(*prefix, "observation")], out_keys=[(*prefix, "logits")])
     in_keys = {"logits": (*prefix, "logits")} | ({"mask": (*prefix, "action_mask")} if masked else {})
     actor = ProbabilisticActor(logits, in_keys=in_keys, out_keys=[(*prefix, "action")],
                                distribution_class=MaskedCategorical if masked else torch.distributions.Categorical,
                                return_log_prob=True, log_prob_key=(*prefix, "sample_log_prob"), spec=action_spec)
-    critic = TensorDictModule(_mlp(n_obs, 1, config.hidden), in_keys=[(*prefix, "observation")],
+    critic = TensorDictModule(_mlp(n_obs, 1, config.hidden_size), in_keys=[(*prefix, "observation")],
                               out_keys=[(*prefix, "state_value")])
-    loss = ClipPPOLoss(actor, critic, clip_epsilon=clip_epsilon, entropy_coeff=entropy,
+    loss = ClipPPOLoss(actor, critic, clip_epsilon=config.clip_eps, entropy_coeff=entropy, critic_coeff=config.vf_coef,
                        normalize_advantage=normalize)
     # Every key per seat, the advantage and value target included: seats sharing them would train on each other's.
     # ``done`` serves as ``terminated``: the turn cap ends a dialogue with reward 0 (the env calls it truncation,
@@ -86,11 +86,11 @@ def _seat(env: EnvBase, prefix: tuple[str, ...], config: PPOConfig, *, gamma: fl
                   terminated=(*prefix, "done"), value=(*prefix, "state_value"),
                   sample_log_prob=(*prefix, "sample_log_prob"), advantage=(*prefix, "advantage"),
                   value_target=(*prefix, "value_target"))
-    loss.make_value_estimator(ValueEstimators.GAE, gamma=gamma, lmbda=config.lmbda)
+    loss.make_value_estimator(ValueEstimators.GAE, gamma=gamma, lmbda=config.gae_lambda)
     return _Seat(prefix, net, actor, loss, torch.optim.Adam(loss.parameters(), lr=config.lr))
 
 
-def _train(env: EnvBase, seats: list[_Seat], config: PPOConfig,
+def _train(env: EnvBase, seats: list[_Seat], config: MarlConfig,
            measure: Callable[[TensorDictBase], dict[str, float]], log: Callable[[str], Any]) -> list[dict[str, float]]:
     """PPO iterations over ``seats`` (each with its own loss and optimiser); one ``measure`` record per batch."""
     collector = Collector(env, TensorDictSequential(*(s.actor for s in seats)), frames_per_batch=config.frames_per_batch,
@@ -111,7 +111,8 @@ def _train(env: EnvBase, seats: list[_Seat], config: PPOConfig,
                         out = seat.loss(minibatch)
                         seat.optimizer.zero_grad()
                         (out["loss_objective"] + out["loss_critic"] + out["loss_entropy"]).backward()
-                        nn.utils.clip_grad_norm_(seat.loss.parameters(), 1.0)
+                        if config.max_grad_norm:
+                            nn.utils.clip_grad_norm_(seat.loss.parameters(), config.max_grad_norm)
                         seat.optimizer.step()
             collector.update_policy_weights_()
             record["seconds"] = time.perf_counter() - start
@@ -130,9 +131,9 @@ def make_marl_env(config: MarlConfig, seed: int | None = None) -> PettingZooWrap
                              seed=config.seed if seed is None else seed)
 
 
-def _batched(make: Callable[[int], EnvBase], config: PPOConfig) -> EnvBase:
-    """``config.envs`` copies stepped in this process (``SerialEnv``), so each policy call acts for all of them."""
-    return SerialEnv(config.envs, [lambda i=i: make(config.seed + i) for i in range(config.envs)])
+def _batched(make: Callable[[int], EnvBase], config: MarlConfig) -> EnvBase:
+    """``config.n_envs`` copies stepped in this process (``SerialEnv``), so each policy call acts for all of them."""
+    return SerialEnv(config.n_envs, [lambda i=i: make(config.seed + i) for i in range(config.n_envs)])
 
 
 
@@ -146,10 +147,9 @@ def train_both_seats(config: MarlConfig | None = None, log: Callable[[str], Any]
     env = _batched(lambda seed: make_marl_env(config, seed), config)
     # The policy seat samples from all its acts (off turn the env ignores them). Masking its off-turn steps to one
     # action made its success fall even against a frozen user (docs/integrations.md); unmasked, it learns.
-    seats = {policy: _seat(env, (policy,), config, gamma=1.0, entropy=config.policy_entropy, normalize=True,
-                           masked=False, clip_epsilon=config.clip_epsilon),
-             user: _seat(env, (user,), config, gamma=0.0, entropy=config.user_entropy, normalize=False,
-                         masked=True, clip_epsilon=config.clip_epsilon)}
+    seats = {policy: _seat(env, (policy,), config, gamma=config.gamma, entropy=config.ent_coef, normalize=True,
+                           masked=False),
+             user: _seat(env, (user,), config, gamma=0.0, entropy=config.user_entropy, normalize=False, masked=True)}
 
     def measure(batch: TensorDictBase) -> dict[str, float]:
         replied = batch[user, "info", "acting"].reshape(-1).bool()
@@ -163,11 +163,11 @@ def train_both_seats(config: MarlConfig | None = None, log: Callable[[str], Any]
     return Trained(history, {name: seat.net for name, seat in seats.items()})
 
 
-def train_policy_seat(population: Any, config: PPOConfig | None = None,
+def train_policy_seat(population: Any, config: MarlConfig | None = None,
                       log: Callable[[str], Any] = print) -> Trained:
     """PPO on the policy seat alone against ``population`` (simulator spec(s), or a factory returning a simulator: one
     per env copy), through TorchRL's ``GymWrapper`` on simpop's single-agent view. Records ``policy_success``."""
-    config = config or PPOConfig()
+    config = config or MarlConfig()
     torch.manual_seed(config.seed)
     if isinstance(population, (str, list, tuple, dict)):
         specs = population
@@ -183,8 +183,7 @@ def train_policy_seat(population: Any, config: PPOConfig | None = None,
         return env
 
     env = _batched(make, config)
-    seat = _seat(env, (), config, gamma=1.0, entropy=config.policy_entropy, normalize=True, masked=False,
-                 clip_epsilon=config.clip_epsilon)
+    seat = _seat(env, (), config, gamma=config.gamma, entropy=config.ent_coef, normalize=True, masked=False)
 
     def measure(batch: TensorDictBase) -> dict[str, float]:
         done = batch["next", "done"].reshape(-1)

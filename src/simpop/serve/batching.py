@@ -1,8 +1,10 @@
 """Micro-batching for ``simpop serve`` and the OpenEnv server: concurrent requests with the same settings become one
 backend call.
 
-The oldest pending job leads the next batch, so none waits behind later arrivals. Seeded sampling runs as a batch of
-its own (a backend samples a batch with one generator); greedy jobs batch whatever their seed.
+The oldest pending job leads the next batch, so none waits behind later arrivals. Greedy jobs batch whatever their
+seed. Seeded sampling jobs batch where the backend draws each row with a generator of its own (``row_seeds``, as
+:class:`~simpop.agents.transformers_backend.TransformersBackend` does), so each gives what it would alone; with other
+backends (one generator for a batch) each runs as a batch of its own.
 
 A job whose request is cancelled (its client disconnected, or the server is shutting down) leaves the queue;
 when every job of the running batch is gone, the backend's ``stop_event`` (if it has one, as
@@ -33,12 +35,7 @@ class _Job:
     params: SamplingParams
     arrived: float
     future: asyncio.Future
-
-    @property
-    def alone(self) -> bool:
-        """Seeded sampling batches with nothing else: its output must not depend on its batch mates (a greedy
-        job's seed changes nothing, so it batches)."""
-        return self.params.seed is not None and not self.params.greedy
+    alone: bool  # batches with nothing else: seeded sampling on a backend that draws a batch with one generator
 
     @property
     def key(self) -> object:
@@ -61,6 +58,8 @@ class MicroBatcher:
         if window_s < 0:
             raise ValueError(f"the batching window must be >= 0 seconds, got {window_s}")
         self.backend, self.max_batch, self.window_s = backend, max_batch, window_s
+        #: Whether the backend draws each row of a sampling call with its own generator (takes ``row_seeds``).
+        self.rows_apart = bool(getattr(backend, "samples_rows_apart", False))
         self.batches = 0  # backend calls made
         #: Held around every model call: generation batches, and prompt scoring in request threads.
         self.model_lock = threading.Lock()
@@ -76,7 +75,8 @@ class MicroBatcher:
         if self._worker is None:
             self._wake = asyncio.Event()
             self._worker = loop.create_task(self._loop(), name="simpop-serve-batcher")
-        job = _Job(method, inputs, params, loop.time(), loop.create_future())
+        alone = params.seed is not None and not params.greedy and not self.rows_apart
+        job = _Job(method, inputs, params, loop.time(), loop.create_future(), alone)
         self._pending.append(job)
         if len(self._pending) == 1 or self._rows(self._pending[0].key) >= self.max_batch:
             self._wake.set()  # type: ignore[union-attr]
@@ -163,7 +163,11 @@ class MicroBatcher:
             if all(job.future.done() for job in batch):  # every request was cancelled while the batch waited
                 return []
             call = getattr(self.backend, batch[0].method)
-            return call([x for job in batch for x in job.inputs], batch[0].params)
+            inputs, params = [x for job in batch for x in job.inputs], batch[0].params
+            if self.rows_apart and not params.greedy:  # each row draws as in its own job's call
+                return call(inputs, params, row_seeds=[(job.params.seed, i) for job in batch
+                                                       for i in range(len(job.inputs))])
+            return call(inputs, params)
 
 
 def _settle(future: asyncio.Future, result: Any = None, error: BaseException | None = None) -> None:

@@ -10,9 +10,9 @@ with every prompt token's log-probability and no generation (how
 
 Concurrent requests with the same sampling settings are micro-batched (:mod:`simpop.serve.batching`):
 the first request of a batch waits up to ``--batch-window-ms`` for others, then all run as one backend call
-of at most ``--max-batch`` rows, so one process can host the simulators of many trainers. Sampling requests that
-carry a ``seed`` run as a batch of their own, so that their answer does not depend on what else arrived (a greedy
-request's seed changes nothing: it batches).
+of at most ``--max-batch`` rows, so one process can host the simulators of many trainers. A sampling request that
+carries a ``seed`` gets the answer it would alone: an in-process model draws each row with its own generator, so it
+batches; on other backends it runs as a batch of its own (a greedy request's seed changes nothing: it batches).
 A backend with a tokenizer (``encode_chat`` / ``generate_ids``) is called with token ids, so chat and text
 completions batch together and the compute cap counts real prompt tokens.
 

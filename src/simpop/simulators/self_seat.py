@@ -21,7 +21,6 @@ import dataclasses
 from typing import Any
 
 import numpy as np
-import torch
 
 from simpop.agents.base import Chat, SamplingParams
 from simpop.agents.policy import ActPolicy, LLMPolicy
@@ -107,7 +106,6 @@ class HeadSeat(Simulator):
 
     def __init__(self, head: ActPolicy, name: str = "self"):
         self.head, self.name = head, name
-        self._rngs: list[np.random.Generator] = []
 
     @classmethod
     def for_env(cls, env: Any, hidden_size: int = 64, seed: int = 0, name: str = "self") -> HeadSeat:
@@ -126,18 +124,7 @@ class HeadSeat(Simulator):
                              decoding=(("temperature", 1.0),))
 
     def reset_batch(self, scenarios: list[Any], rngs: list[np.random.Generator]) -> None:
-        if len(scenarios) != len(rngs):
-            raise ValueError(f"reset_batch got {len(scenarios)} scenarios but {len(rngs)} generators")
-        self._rngs = list(rngs)
+        self.head.reset_batch(scenarios, rngs)
 
     def act_batch(self, observations: list[Any], slots: list[int]) -> list[int]:
-        for slot in slots:
-            if not 0 <= slot < len(self._rngs):
-                raise IndexError(f"slot {slot} was not started: reset_batch() started {len(self._rngs)} slots")
-        if not observations:
-            return []
-        with torch.no_grad():
-            probs = torch.softmax(self.head(self.head.observations_tensor(observations)).double(), -1).numpy()
-        u = np.array([self._rngs[slot].random() for slot in slots])  # each dialogue samples with its own generator
-        cdf = np.cumsum(probs, axis=1)
-        return np.minimum((cdf <= u[:, None]).sum(axis=1), self.head.n_actions - 1).tolist()
+        return self.head.act_batch(observations, slots)  # each dialogue samples with its own generator

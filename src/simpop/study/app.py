@@ -5,8 +5,8 @@ Routes (JSON unless said otherwise):
 - ``GET /``: the page (``static/index.html``; ``?token=...`` joins, with the platform's ids in the query too).
   ``GET /static/*``: its script and style.
 - ``POST /api/study`` ``{token}``: what the page shows before the chats: the consent text, the participant mode,
-  the questionnaire's items, the attention item. ``POST /api/decline`` ``{token}``: the visitor declined
-  consent; only a count is kept.
+  the questionnaire's items (and whether the chat partner sees the answers), the attention item.
+  ``POST /api/decline`` ``{token}``: the visitor declined consent; only a count is kept.
 - ``POST /api/join`` ``{token, key?, consent, params?}``: the study token is required (403 otherwise); a new
   participant must have consented (428 otherwise); ``params`` is the join URL's query, from which the platform
   ids are read (:data:`~simpop.study.study.ID_PARAMS`). Returns the participant's id, their secret key (kept
@@ -16,7 +16,8 @@ Routes (JSON unless said otherwise):
 - ``GET /api/chat/{id}?wait=1``: the chat's view, waiting up to ``reply_timeout_s`` for the person's turn
   (at most ``max_waits_per_chat`` such waits per chat at once; more: 429).
 - ``POST /api/chat/{id}/message`` ``{text}``: the person's message (or survey answer); returns the view once
-  the policy has answered. At most ``max_message_chars`` characters; rate-limited per chat.
+  the policy has answered. At most ``max_message_chars`` characters; rate-limited per chat. In self mode a
+  message that pledges more than the bonus is refused (422, to restate; counted in the chat's effort).
 - ``POST /api/chat/{id}/rating`` ``{naturalness: 1..5, would_talk_again: bool, attention?: 1..5}``: saves the
   chat (``attention``, the instructed-response item, is required when the study asks it).
 - ``POST /api/finish`` ``{key}``: after the last chat, the debrief text, the completion code and the redirect.
@@ -227,6 +228,7 @@ def create_app(study: Study, token: str, *, max_message_chars: int = 1000, messa
                 "chats": settings["chats_per_participant"],
                 "questionnaire": [{"name": name, "question": QUESTIONS[name][0], "options": list(QUESTIONS[name][1])}
                                   for name in settings["questionnaire"]],
+                "questionnaire_to_policy": bool(settings["questionnaire_to_policy"]),
                 "attention": ATTENTION_ITEM[0] if settings["attention_check"] else None}
 
     @app.post("/api/decline")
@@ -276,6 +278,8 @@ def create_app(study: Study, token: str, *, max_message_chars: int = 1000, messa
             asked = chat.post(body.text)
         except RuntimeError as error:
             raise StudyError(str(error)) from None
+        except ValueError as error:  # self mode: a pledge above the bonus, to restate
+            raise StudyError(str(error), 422) from None
         await wait_turn(chat, asked)
         return chat_view(chat)
 

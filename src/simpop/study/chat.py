@@ -7,6 +7,11 @@ person answers; τ²: τ²'s evaluator). Web requests read the person's view (:m
 (:meth:`Chat.send`) and wait for the policy's reply. The finished dialogue is an
 :class:`~simpop.evaluation.panel.EpisodeRecord`, as ``simpop eval`` writes it, with the study's data under
 ``extra["study"]``: participant, policy label and spec, ratings, timings.
+
+**What the policy is told.** Only what the env shows its seat, unless the study shows it the participant's
+questionnaire (``questionnaire_to_policy``): then the chat's policy reads the answers (:func:`~.modes.briefing`)
+after its instructions, the observation field every text policy takes its task from (a :class:`TextPolicy`'s
+system message, a token policy's ``system_prompt``). :func:`reads_instructions` says which policies can.
 """
 
 from __future__ import annotations
@@ -24,7 +29,9 @@ from typing import Any
 
 import numpy as np
 
-from simpop.evaluation.panel import EpisodeRecord, begin_wave, episode_record, transcript_of
+from simpop.agents.policy import TokenPolicy
+from simpop.envs.dialogue import parse_observation
+from simpop.evaluation.panel import EpisodeRecord, episode_record, transcript_of
 from simpop.rollout import Job, RolloutEngine
 from simpop.seat import survey_of
 from simpop.study import modes
@@ -45,27 +52,55 @@ class Arm:
         spec: Its policy spec (:mod:`simpop.evaluation.policies`).
         policy: The loaded policy; each chat plays a shallow copy (dialogue-aware policies keep per-dialogue
             state, the model is shared).
-        lock: One policy call at a time: chats share the arm's model.
+        lock: One policy call at a time: chats share the arm's model (re-entrant: a token policy's ``act_batch``
+            calls its own ``generate_ids``).
     """
 
     label: str
     spec: str
     policy: Any
-    lock: threading.Lock = field(default_factory=threading.Lock)
+    lock: threading.RLock = field(default_factory=threading.RLock)
 
 
-def _chat_policy(arm: Arm) -> Any:
+def _chat_policy(arm: Arm, briefing: str | None = None) -> Any:
     """The arm's policy for one chat: a shallow copy (dialogue-aware policies keep per-wave state; the model is
-    shared) whose model calls (``act_batch``, ``generate_ids``) hold the arm's lock, since chats run in threads."""
+    shared) whose model calls (``act_batch``, ``generate_ids``) hold the arm's lock, since chats run in threads,
+    and which reads ``briefing`` after its instructions (module docstring)."""
     policy = copy.copy(arm.policy)
     for name in ("act_batch", "generate_ids"):
         method = getattr(policy, name, None)
         if callable(method):
             setattr(policy, name, _holding(arm.lock, method))
+    if briefing is not None:
+        copied: Any = policy  # this chat's copy: its methods may be replaced
+        if isinstance(policy, TokenPolicy):  # its act_batch reads the system prompt from the observation
+            system_prompt = policy.system_prompt
+            copied.system_prompt = lambda observation: system_prompt(_briefed(observation, briefing))
+        else:
+            act_batch = policy.act_batch
+            copied.act_batch = lambda observations, *rest: act_batch(
+                [json.dumps(_briefed(parse_observation(o), briefing), ensure_ascii=False) for o in observations], *rest)
     return policy
 
 
-def _holding(lock: threading.Lock, method: Callable[..., Any]) -> Callable[..., Any]:
+def _briefed(view: dict[str, Any], briefing: str) -> dict[str, Any]:
+    """A parsed text observation with ``briefing`` after its instructions."""
+    return {**view, "instructions": "\n\n".join(filter(None, [view.get("instructions"), briefing]))}
+
+
+def reads_instructions(policy: Any, env: Any) -> bool:
+    """Whether ``policy`` takes its task from the observation's instructions, where the study's briefing goes: a
+    token policy whose system prompt is the observation's (not a fixed one), or a :class:`TextPolicy` on an env
+    without its own text format. Act-level, reference and other ``module:attr`` policies do not."""
+    from simpop.evaluation.policies import TextPolicy
+
+    if isinstance(policy, TokenPolicy):
+        probe = "(instructions)"
+        return probe in (policy.system_prompt({"instructions": probe, "messages": []}) or "")
+    return isinstance(policy, TextPolicy) and getattr(env, "text_format", None) is None
+
+
+def _holding(lock: threading.RLock, method: Callable[..., Any]) -> Callable[..., Any]:
     def call(*args: Any, **kwargs: Any) -> Any:
         with lock:
             return method(*args, **kwargs)
@@ -100,14 +135,18 @@ class Chat:
         idle_timeout_s: How long the seat waits for the person before the chat is abandoned.
         bonus: Self mode (:mod:`.modes`): the person's own bonus, shown on the card instead of the persona; None
             in persona mode.
+        briefing: What the policy reads of the participant after its instructions (None: nothing).
+
+    Attributes:
+        over_bonus: Messages refused because they pledged more than the bonus (self mode).
     """
 
     def __init__(self, *, chat_id: str, participant: str, key: str, participant_index: int, number: int, index: int,
                  arm: Arm, scenario: str, seed: int, make_env: Callable[[], Any], idle_timeout_s: float,
-                 bonus: float | None = None):
+                 bonus: float | None = None, briefing: str | None = None):
         self.id, self.participant, self.key, self.participant_index = chat_id, participant, key, participant_index
         self.number, self.index, self.arm, self.scenario, self.seed = number, index, arm, scenario, seed
-        self.bonus = bonus
+        self.bonus, self.briefing, self.over_bonus = bonus, briefing, 0
         self.seat = HumanSeat(idle_timeout_s)
         self.env = make_env()
         self.record: EpisodeRecord | None = None
@@ -122,9 +161,8 @@ class Chat:
         self._thread.start()
 
     def _run(self) -> None:
-        policy = _chat_policy(self.arm)
+        policy = _chat_policy(self.arm, self.briefing)
         engine = RolloutEngine(lambda: self.env, policy, self.seat, n_envs=1)
-        begin_wave(policy, [self.env])
         started = time.monotonic()
         try:
             (trajectory,) = engine.run([Job(self.scenario, 0, self.seed)], np.random.default_rng(self.seed))
@@ -173,9 +211,16 @@ class Chat:
 
         Raises:
             RuntimeError: It is not the person's turn (or the chat is over).
+            ValueError: Self mode: the message pledges more than the person's bonus (counted in :attr:`over_bonus`).
         """
         if self.done:
             raise RuntimeError("this chat is over")
+        observation = self.seat.observation
+        if self.bonus is not None and isinstance(observation, str):
+            refused = modes.over_bonus(text, self.bonus, survey=survey_of(observation) is not None)
+            if refused:
+                self.over_bonus += 1
+                raise ValueError(refused)
         asked = self.seat.asks
         self.seat.reply(text)
         return asked
@@ -229,16 +274,19 @@ class Chat:
         self.record.extra["study"] = {"participant": self.participant, "participant_index": self.participant_index,
                                       "key_sha256": key_digest(self.key),
                                       "chat": self.number, "policy": self.arm.label, "policy_spec": self.arm.spec,
-                                      "ratings": ratings, "timings": self.timings, "effort": self._effort()}
+                                      "ratings": ratings, "timings": self.timings, "effort": self._effort(),
+                                      "briefed": self.briefing is not None}
         return self.record
 
     def _effort(self) -> dict[str, Any]:
-        """The person's effort in this chat: messages, their lengths, seconds spent typing."""
+        """The person's effort in this chat: messages, their lengths, seconds spent typing (self mode: pledges
+        above the bonus they restated)."""
         lengths = [len(t["text"]) for t in (self.record.transcript if self.record else [])
                    if t["seat"] == self.env.user_seat]
         return {"messages": len(lengths), "chars": sum(lengths),
                 "mean_chars": round(sum(lengths) / len(lengths), 1) if lengths else 0.0,
-                "human_s": round(sum(self.seat.turn_s), 3)}
+                "human_s": round(sum(self.seat.turn_s), 3),
+                **({"over_bonus": self.over_bonus} if self.bonus is not None else {})}
 
 
 def _speaker(role: Any) -> str:

@@ -50,6 +50,9 @@ def _study_options(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--questionnaire", nargs="+", default=[], metavar="ITEM",
                         help="persona attributes to ask before the first chat (P4G: age sex race edu marital "
                              "employment religion ideology)")
+    parser.add_argument("--questionnaire-to-policy", action="store_true",
+                        help="show each participant's questionnaire answers to the policies, after their instructions "
+                             "(text model policies only; fixed once the first participant joins)")
     parser.add_argument("--consent", type=Path, help="the consent page's text (default: the shipped template)")
     parser.add_argument("--debrief", type=Path, help="the debrief page's text (default: the shipped template)")
     parser.add_argument("--id-param", action="append", default=[], metavar="KIND=NAME",
@@ -155,7 +158,8 @@ def _open(args: argparse.Namespace, idle_timeout_s: float = 900.0):
                       bonus=args.bonus, questionnaire=args.questionnaire, consent=args.consent, debrief=args.debrief,
                       id_params=id_params, require_external_id=args.require_external_id,
                       completion_url=args.completion_url, attention_check=args.attention_check,
-                      exclusions=exclusions, primary_outcome=args.primary_outcome)
+                      exclusions=exclusions, primary_outcome=args.primary_outcome,
+                      questionnaire_to_policy=args.questionnaire_to_policy)
 
 
 def _serve(args: argparse.Namespace) -> int:
@@ -177,7 +181,7 @@ def _serve(args: argparse.Namespace) -> int:
 
 
 def _report(args: argparse.Namespace) -> int:
-    from simpop.evaluation.eval_run import REPORT
+    from simpop.evaluation.eval_summary import REPORT
     from simpop.study.report import write_report
 
     summary = write_report(args.dir, seed=args.seed)

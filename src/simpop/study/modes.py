@@ -5,9 +5,11 @@ Only P4G has one: the charity, and a bonus the researcher states (``bonus``, at 
 of which the person may pledge any part. The dialogue, the decision reading and the closing survey stay the
 env's own, so the pledge is scored exactly as in training (``info["donation"]``, success = a pledge above $0);
 the survey shows only the options the bonus covers. τ² and CooperBench keep their scenario cards: their tasks
-are the scenario. The optional questionnaire asks the persona attributes simpop models (:data:`QUESTIONS`)
-before the first chat; the answers go to the ledger, never to the policy, and the report sets them beside
-the shipped persona distributions.
+are the scenario. A pledge above the person's bonus is refused in the chat (:func:`over_bonus`): the person
+restates it, so every recorded pledge is one they can pay. The optional questionnaire asks the persona attributes
+simpop models (:data:`QUESTIONS`) before the first chat; the answers go to the ledger and the report sets them
+beside the shipped persona distributions. They reach the policy only where the study says so
+(``questionnaire_to_policy``): then :func:`briefing` is added to the policy seat's instructions.
 """
 
 from __future__ import annotations
@@ -17,7 +19,8 @@ from typing import Any
 import numpy as np
 
 from simpop.envs.persuasion.env import PersuasionEnv
-from simpop.envs.persuasion.outcome import MAX_DONATION, SURVEY_OPTIONS, SURVEY_AMOUNTS
+from simpop.envs.persuasion.outcome import (MAX_DONATION, SURVEY_AMOUNTS, SURVEY_OPTIONS, parse_donation,
+                                            read_survey_answer)
 from simpop.envs.persuasion.personas import CATEGORIES, SCALES, PersonaSampler
 from simpop.seat import Survey
 
@@ -70,6 +73,31 @@ def self_survey(survey: Survey, bonus: float) -> Survey:
                   tuple(o for o in survey.options if amounts.get(o, 0.0) <= bonus + 1e-9))
 
 
+def over_bonus(text: str, bonus: float, survey: bool) -> str | None:
+    """Why a self-mode message must be restated: it pledges more than the person's bonus (None if it does not).
+
+    The message is read as the env reads it: in the chat with :func:`parse_donation` (a stated decision), at the
+    closing survey with :func:`read_survey_answer`.
+    """
+    amount = read_survey_answer(text).amount if survey else parse_donation(text)
+    if amount is None or amount <= bonus + 1e-9:
+        return None
+    return (f"Your bonus is ${bonus:.2f}, so you can pledge from $0 to ${bonus:.2f}, not ${amount:.2f}. "
+            f"Please write your decision again.")
+
+
+def briefing(answers: dict[str, Any] | None) -> str | None:
+    """What the policy is told of its chat partner when the study shows it the questionnaire (the answered items;
+    None when nothing was answered)."""
+    given = {name: value for name, value in (answers or {}).items() if value is not None}
+    if not given:
+        return None
+    lines = [f"- {name}: {value:g}" if isinstance(value, float) else f"- {name}: {value}"
+             for name, value in given.items()]
+    return ("About your chat partner: before this chat they answered a short questionnaire about themselves "
+            "(items they left blank are not listed):\n" + "\n".join(lines))
+
+
 def check_answers(answers: dict[str, Any], asked: list[str]) -> dict[str, Any]:
     """The questionnaire's answers, checked (ValueError names the first bad one); unanswered items are None."""
     out: dict[str, Any] = {}
@@ -104,7 +132,7 @@ def persona_reference(item: str) -> dict[str, Any]:
     """One questionnaire item's distribution in the personas simpop ships: ``training`` (the default
     scenarios' sampler) and ``p4g_people`` (the shipped fit of the real P4G persuadees); age as mean and sd,
     categories as probabilities."""
-    from simpop.envs.persuasion.fitted import human_sampler
+    from simpop.envs.persuasion.release import human_sampler
 
     out: dict[str, Any] = {}
     for name, sampler in (("training", PersonaSampler()), ("p4g_people", human_sampler())):

@@ -26,7 +26,7 @@ from typing import Any
 
 import numpy as np
 
-from simpop.evaluation.eval_run import CHART, CI_LEVEL, REPORT, SUMMARY, plot_success
+from simpop.evaluation.eval_summary import CHART, CI_LEVEL, REPORT, SUMMARY, plot_success
 from simpop.evaluation.metrics import bootstrap_ci, wilson_ci
 from simpop.evaluation.panel import EpisodeRecord
 from simpop.study import modes, storage
@@ -168,7 +168,8 @@ def summarize(records: Sequence[EpisodeRecord], settings: Mapping[str, Any], see
             "ci": {"level": CI_LEVEL, "success": "wilson", "naturalness": "bootstrap",
                    "would_talk_again": "wilson", "paired": "bootstrap", "resamples": RESAMPLES},
             "participant_mode": settings["participant_mode"], "bonus": settings["bonus"],
-            "primary_outcome": primary,
+            "primary_outcome": primary, "questionnaire_to_policy": bool(settings["questionnaire_to_policy"]),
+            "over_bonus": sum(int((_study(r).get("effort") or {}).get("over_bonus", 0)) for r in records),
             "flow": {"declined": int((counts or {}).get("declined", 0)), "joined": len(joined),
                      "completed": sum(e.get("event") == "completed" for e in ledger),
                      "with_chats": len({r.member for r in records} | excluded)},
@@ -231,9 +232,13 @@ def render_report(summary: Mapping[str, Any]) -> str:
 
     level = int(CI_LEVEL * 100)
     flow, excl, primary = summary["flow"], summary["exclusions"], summary["primary_outcome"]
-    mode = summary["participant_mode"] + (f" (bonus ${summary['bonus']:.2f})" if summary["bonus"] else "")
+    mode = summary["participant_mode"] + (f" (bonus ${summary['bonus']:.2f}; {summary['over_bonus']} pledge(s) "
+                                          f"above it refused in the chat and restated)" if summary["bonus"] else "")
+    shown = (" The policies were shown each participant's questionnaire answers." if summary["questionnaire_to_policy"]
+             else "")
     lines = [f"# simpop study on `{summary['env']}`", "",
-             f"Participants as: {mode}. Primary outcome: `{primary}` (paired, each policy against the first).", "",
+             f"Participants as: {mode}. Primary outcome: `{primary}` (paired, each policy against the first).{shown}",
+             "",
              "## Participants and exclusions", "",
              f"{flow['declined']} declined consent (only counted); {flow['joined']} consented and joined; "
              f"{flow['with_chats']} saved a chat; {flow['completed']} received a completion code.", ""]

@@ -4,8 +4,8 @@
   participant has joined, a restart with other settings is refused (the exclusion rules, consent text and
   every other setting are fixed from the first participant on); before that they may still change.
 - ``episodes.jsonl``: one record per chat, ``simpop eval``'s format, appended with
-  :func:`simpop.evaluation.eval_run.append_records` (one write, flushed and fsynced) and read with
-  :func:`~simpop.evaluation.eval_run.read_records`, so ``simpop eval``'s tools read a study's chats too.
+  :func:`simpop.evaluation.eval_records.append_records` (one write, flushed and fsynced) and read with
+  :func:`~simpop.evaluation.eval_records.read_records`, so ``simpop eval``'s tools read a study's chats too.
 - ``participants.jsonl``: the ledger, one JSON event per line (``joined`` with the salted hashes of the
   platform ids, ``questionnaire``, ``completed``), appended the same way; it makes one platform id join only
   once, across restarts.
@@ -24,7 +24,7 @@ import secrets
 from pathlib import Path
 from typing import Any
 
-from simpop.evaluation.eval_run import EPISODES, append_records, read_records
+from simpop.evaluation.eval_records import EPISODES, append_records, read_records
 from simpop.evaluation.panel import EpisodeRecord
 from simpop.files import write_atomically
 
@@ -34,8 +34,10 @@ SALT = "salt"
 COUNTS = "counts.json"
 
 
-def open_folder(out: str | Path, settings: dict[str, Any]) -> list[EpisodeRecord]:
+def open_folder(out: str | Path, settings: dict[str, Any], defaults: dict[str, Any] | None = None) -> list[EpisodeRecord]:
     """Create ``out`` or continue the study in it; write ``study.json``; return the saved chats.
+
+    A setting a saved ``study.json`` lacks (written before the setting existed) counts as its ``defaults`` value.
 
     Raises:
         ValueError: ``out`` holds a study that people joined under other settings, or something that is not
@@ -44,7 +46,7 @@ def open_folder(out: str | Path, settings: dict[str, Any]) -> list[EpisodeRecord
     out = Path(out)
     path = out / SETTINGS
     if path.exists():
-        saved = json.loads(path.read_text(encoding="utf-8"))
+        saved = {**(defaults or {}), **json.loads(path.read_text(encoding="utf-8"))}
         changed = [f"{k}: {_short(saved.get(k))} -> {_short(settings.get(k))}"
                    for k in sorted(set(saved) | set(settings)) if saved.get(k) != settings.get(k)]
         if changed and (read_ledger(out) or (out / EPISODES).exists()):

@@ -39,7 +39,7 @@ from typing import Any
 import numpy as np
 
 from simpop.study import modes, storage
-from simpop.study.chat import Arm, Chat, key_digest, now
+from simpop.study.chat import Arm, Chat, key_digest, now, reads_instructions
 
 #: Query parameters that carry each platform id in a join URL (Prolific, MTurk, generic), first found wins.
 ID_PARAMS: dict[str, list[str]] = {"participant": ["PROLIFIC_PID", "workerId", "participant_id"],
@@ -50,7 +50,7 @@ TEMPLATES = Path(__file__).with_name("templates")
 DEFAULTS: dict[str, Any] = {
     "participant_mode": "persona", "bonus": None, "questionnaire": [], "consent": None, "debrief": None,
     "id_params": ID_PARAMS, "require_external_id": False, "completion_url": None, "attention_check": False,
-    "exclusions": {}, "primary_outcome": "success"}
+    "exclusions": {}, "primary_outcome": "success", "questionnaire_to_policy": False}
 #: The instructed-response item shown with the ratings when ``attention_check`` is on: (question, answer).
 ATTENTION_ITEM = ("This question checks that you read carefully: please choose 2.", 2)
 #: Exclusion rules a study may declare (``exclusions`` in ``study.json``) -> what they mean.
@@ -94,7 +94,7 @@ class Study:
             raise ValueError("a study needs at least one scenario")
         self.out, self.settings, self.arms, self.make_env = Path(out), {**DEFAULTS, **settings}, dict(arms), make_env
         self.idle_timeout_s, self.rating_timeout_s = idle_timeout_s, rating_timeout_s
-        saved = storage.open_folder(self.out, self.settings)
+        saved = storage.open_folder(self.out, self.settings, DEFAULTS)
         self._secret = storage.salt(self.out)
         #: participant id -> (join index, chats started)
         self.participants: dict[str, list[int]] = {}
@@ -245,6 +245,7 @@ class Study:
 
     def _new_chat(self, participant: str, key: str, index: int, number: int) -> Chat:
         labels, scenarios, seed = list(self.arms), list(self.settings["scenarios"]), int(self.settings["seed"])
+        answers = self.people.get(participant, {}).get("questionnaire")
         rng = np.random.default_rng([seed, index])
         order = rng.permutation(len(labels))
         scenario_order = rng.permutation(len(scenarios))
@@ -253,7 +254,8 @@ class Study:
                     scenario=scenarios[int(scenario_order[number % len(scenarios)])],
                     seed=_seed([seed, 3, index, number]), make_env=self.make_env,
                     idle_timeout_s=self.idle_timeout_s, bonus=self.settings["bonus"]
-                    if self.settings["participant_mode"] == "self" else None)
+                    if self.settings["participant_mode"] == "self" else None,
+                    briefing=modes.briefing(answers) if self.settings["questionnaire_to_policy"] else None)
         self._next_index += 1
         return chat
 
@@ -349,7 +351,8 @@ def open_study(out: str | Path, env_id: str, policies: Mapping[str, str], *, sce
                consent: str | Path | None = None, debrief: str | Path | None = None,
                id_params: Mapping[str, Sequence[str]] | None = None, require_external_id: bool = False,
                completion_url: str | None = None, attention_check: bool = False,
-               exclusions: Mapping[str, Any] | None = None, primary_outcome: str = "success") -> Study:
+               exclusions: Mapping[str, Any] | None = None, primary_outcome: str = "success",
+               questionnaire_to_policy: bool = False) -> Study:
     """Build the env, check it, load the policies and open (or continue) the study in ``out``.
 
     Args:
@@ -375,10 +378,13 @@ def open_study(out: str | Path, env_id: str, policies: Mapping[str, str], *, sce
         exclusions: The exclusion rules (:data:`EXCLUSION_RULES`) the report applies.
         primary_outcome: ``success``, ``reward`` or a numeric info key (P4G: ``donation``); the report's
             primary paired comparison.
+        questionnaire_to_policy: Show each participant's questionnaire answers to the policies, after their
+            instructions (:mod:`.chat`); every policy must read its instructions from the observation.
 
     Raises:
         ValueError, KeyError: Bad settings (unknown scenario, non-text env, bad policy spec, another study in
-            ``out``, a mode the env cannot run, an unknown exclusion rule, questionnaire item or outcome).
+            ``out``, a mode the env cannot run, an unknown exclusion rule, questionnaire item or outcome, answers
+            shown to a policy that cannot read them).
     """
     from simpop.envs.registration import make
     from simpop.evaluation.panel import json_safe
@@ -412,6 +418,14 @@ def open_study(out: str | Path, env_id: str, policies: Mapping[str, str], *, sce
         raise ValueError(f"chats_per_participant must be >= 1, got {count}")
     arms = {label: Arm(label, spec, load_policy(spec, env, env_id=env_id, sampling=sampling))
             for label, spec in policies.items()}
+    if questionnaire_to_policy:
+        if not questionnaire:
+            raise ValueError("--questionnaire-to-policy shows the questionnaire's answers: ask some with --questionnaire")
+        blind = [f"{arm.label}={arm.spec}" for arm in arms.values() if not reads_instructions(arm.policy, env)]
+        if blind:
+            raise ValueError(f"--questionnaire-to-policy: policy {', '.join(blind)} cannot be shown the answers (it does "
+                             f"not read its instructions: act-level, reference and module:attr policies do not); use "
+                             f"a text model (smollm2, hf:PATH, openai:..., vllm:..., a text run:DIR) or leave it off")
     settings = {"env": env_id, "env_kwargs": json_safe(kwargs), "policies": dict(policies), "scenarios": chosen,
                 "seed": int(seed), "chats_per_participant": count, "participant_mode": participant_mode,
                 "bonus": float(bonus) if participant_mode == "self" else None,
@@ -419,7 +433,8 @@ def open_study(out: str | Path, env_id: str, policies: Mapping[str, str], *, sce
                 "consent": _page_text(consent, "consent"), "debrief": _page_text(debrief, "debrief"),
                 "id_params": params, "require_external_id": bool(require_external_id),
                 "completion_url": completion_url, "attention_check": bool(attention_check),
-                "exclusions": dict(exclusions or {}), "primary_outcome": primary_outcome}
+                "exclusions": dict(exclusions or {}), "primary_outcome": primary_outcome,
+                "questionnaire_to_policy": bool(questionnaire_to_policy)}
     return Study(out, settings, arms, lambda: make(env_id, **kwargs), idle_timeout_s=idle_timeout_s,
                  rating_timeout_s=rating_timeout_s)
 

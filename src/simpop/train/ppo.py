@@ -40,7 +40,7 @@ import numpy as np
 import torch
 from torch import nn
 
-from simpop.seat import Simulator
+from simpop.seat import Player, Simulator, sample_rows
 from simpop.validation import check_fields
 
 
@@ -79,22 +79,26 @@ class PPOConfig:
     seed: int = 0
 
     def __post_init__(self) -> None:
+        """Types by simpop's one validator (:func:`~simpop.validation.check_fields`), then ranges: one line naming the
+        class and the field."""
         check_fields(self)
-        def need(ok: bool, message: str) -> None:
-            if not ok:
-                raise ValueError(f"PPOConfig: {message}")
-
         for key in ("n_envs", "n_steps", "epochs", "minibatch_size", "hidden_size"):
-            need(getattr(self, key) >= 1, f"{key} must be >= 1, got {getattr(self, key)}")
-        need(0 <= self.gamma <= 1 and 0 <= self.gae_lambda <= 1,
-             f"gamma and gae_lambda must be in [0, 1], got {self.gamma}, {self.gae_lambda}")
-        need(0 < self.clip_eps < 1, f"clip_eps must be in (0, 1), typically 0.2; got {self.clip_eps}")
-        need(math.isfinite(self.lr) and self.lr > 0, f"lr must be > 0, got {self.lr}")
-        need(self.vf_coef >= 0 and self.ent_coef >= 0, "vf_coef and ent_coef must be >= 0")
-        need(self.max_grad_norm >= 0, f"max_grad_norm must be >= 0 (0 disables clipping), got {self.max_grad_norm}")
+            self._need(getattr(self, key) >= 1, f"{key} must be >= 1, got {getattr(self, key)}")
+        for key in ("gamma", "gae_lambda"):
+            self._need(0 <= getattr(self, key) <= 1, f"{key} must be in [0, 1], got {getattr(self, key)}")
+        self._need(0 < self.clip_eps < 1, f"clip_eps must be in (0, 1), typically 0.2; got {self.clip_eps}")
+        self._need(math.isfinite(self.lr) and self.lr > 0, f"lr must be > 0, got {self.lr}")
+        for key in ("vf_coef", "ent_coef"):
+            self._need(getattr(self, key) >= 0, f"{key} must be >= 0, got {getattr(self, key)}")
+        self._need(self.max_grad_norm >= 0,
+                   f"max_grad_norm must be >= 0 (0 disables clipping), got {self.max_grad_norm}")
+
+    def _need(self, ok: bool, message: str) -> None:
+        if not ok:
+            raise ValueError(f"{type(self).__name__}: {message}")
 
 
-class ActorCritic(nn.Module):
+class ActorCritic(nn.Module, Player):
     """Separate MLPs for the action logits and the state value."""
 
     def __init__(self, obs_dim: int, n_actions: int, hidden_size: int = 64, seed: int = 0):
@@ -120,17 +124,13 @@ class ActorCritic(nn.Module):
         """The action distribution and the value of each observation ``[B, obs_dim]``."""
         return torch.distributions.Categorical(logits=self.pi(obs)), self.v(obs).squeeze(-1)
 
-    def act_batch(self, observations: list[Any], rng: np.random.Generator | None) -> list[int]:
-        """One action per observation, sampled with ``rng`` (None: the most likely): a
-        :class:`~simpop.agents.policy.BatchPolicy`, so the rollout engine (panel evaluation) can run it."""
+    def act_batch(self, observations: list[Any], slots: list[int]) -> list[int]:
+        """One action per observation, sampled with its slot's generator: a :class:`~simpop.seat.Player`, so the
+        rollout engine (panel evaluation) can run it."""
         obs = np.asarray(observations, dtype=np.float32).reshape(len(observations), -1)
         with torch.no_grad():
             probs = self(torch.as_tensor(obs))[0].probs.double().numpy()
-        if rng is None:
-            return [int(a) for a in probs.argmax(axis=1)]
-        cdf = np.cumsum(probs, axis=1)
-        return [int(min(np.searchsorted(row, x, side="right"), probs.shape[1] - 1))
-                for row, x in zip(cdf, rng.random(len(observations)))]
+        return sample_rows(probs, [self.rngs[slot] for slot in slots])
 
 
 def gae(rewards: np.ndarray, values: np.ndarray, dones: np.ndarray, next_values: np.ndarray, gamma: float,

@@ -34,27 +34,13 @@ from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
-from simpop.agents.base import Generation, SamplingParams
+from simpop.agents.base import SamplingParams
+from simpop.agents.policy import ServedPolicy
 from simpop.seat import Simulator
 from simpop.rollout import Job, RolloutEngine
 
 if TYPE_CHECKING:
     from simpop.agents.transformers_backend import TransformersBackend
-
-
-class _TrainerPolicy:
-    """A TokenPolicy that generates with the TRL trainer's current model through a simpop backend."""
-
-    def __init__(self, backend: TransformersBackend, sampling: SamplingParams, system_prompt: str | None):
-        self.backend = backend
-        self.sampling = sampling
-        self._system_prompt = system_prompt
-
-    def system_prompt(self, observation: dict[str, Any]) -> str | None:
-        return self._system_prompt if self._system_prompt is not None else observation.get("instructions")
-
-    def generate_ids(self, prompts: list[list[int]], params: SamplingParams) -> list[Generation]:
-        return self.backend.generate_ids(prompts, params)
 
 
 def make_rollout_func(env_id: str, simulator: Simulator, backend: TransformersBackend,
@@ -83,7 +69,7 @@ def make_rollout_func(env_id: str, simulator: Simulator, backend: TransformersBa
         args = trainer.args
         sampling = SamplingParams(max_new_tokens=max_new_tokens, temperature=args.temperature,
                                   top_p=args.top_p if args.top_p is not None else 1.0)
-        engine = RolloutEngine(env_id, _TrainerPolicy(backend, sampling, system_prompt), simulator,
+        engine = RolloutEngine(env_id, ServedPolicy(backend, sampling, system_prompt), simulator,
                                n_envs=n_envs, env_kwargs=env_kwargs)
         step = int(trainer.state.global_step)
         scenario_ids = [scenario_id_of(p) for p in prompts]

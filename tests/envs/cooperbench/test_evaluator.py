@@ -1,11 +1,11 @@
-"""Upstream's evaluation semantics: stripping, apply status, merge, conflict rules, counts."""
+"""Upstream's evaluation semantics: stripping, apply status, merge, conflict rules."""
 
 from __future__ import annotations
 
 import pytest
 
 from simpop.envs.cooperbench.dataset import load_dataset
-from simpop.envs.cooperbench.evaluator import Evaluator, parse_test_counts, patched_files
+from simpop.envs.cooperbench.evaluator import Evaluator, patched_files
 
 
 @pytest.fixture(scope="module")
@@ -16,16 +16,6 @@ def textkit():
 @pytest.fixture(scope="module")
 def lead():
     return Evaluator()
-
-
-def test_pytest_summary_counts():
-    output = ("....F                                                   [100%]\n"
-              "1 failed, 4 passed in 0.08s\n"
-              "==================== 2 passed, 1 error, 3 warnings in 1.02s ====================\n"
-              "no tests ran in 0.01s\n"
-              "the log says 7 passed in passing\n")
-    assert parse_test_counts(output) == (6, 2)
-    assert parse_test_counts("") == (0, 0)
 
 
 def test_lead_rule_lets_an_integrating_agent1_win(lead, textkit):

@@ -13,7 +13,7 @@ from simpop.envs.persuasion.act_wave import ActWave
 from simpop.envs.registration import make
 from simpop.experiments.collapse import CollapseConfig, build_panel, build_trainer
 from simpop.rollout import Job, RolloutEngine
-from simpop.seat import Simulator
+from simpop.seat import Player, Simulator
 
 ENV = "simpop/PersuasionAct-v0"
 
@@ -46,8 +46,8 @@ def transcripts(engine: RolloutEngine, n: int) -> list:
     out = []
     for env in engine.env_pool(n):
         out.append(([(t.seat, t.text, t.act, t.data) for t in env.transcript], env.steps, env.donation,
-                    env.outcome_source, env.to_act, env.agents, env.last_error, env._counts.tolist(), env._n_acts,
-                    env._last))
+                    env.outcome_source, env.to_act, env.agents, env.last_error,
+                    [env._observe(seat).tolist() for seat in env.possible_agents]))  # act counts, last acts
     return out
 
 
@@ -100,17 +100,17 @@ def test_panel_evaluation_is_bit_identical(monkeypatch: pytest.MonkeyPatch, seed
     assert before.records == after.records and before.success == after.success
 
 
-class Scripted:
+class Scripted(Player):
     """A policy that answers with bad actions now and then (bools, out of range, numpy ints, floats)."""
 
     def __init__(self) -> None:
         self.calls = 0
 
-    def act_batch(self, observations, rng):
+    def act_batch(self, observations, slots):
         self.calls += 1
         bad = [True, 99, np.int64(3), 2.5, -1, np.array(4)]
-        return [bad[(i + self.calls) % len(bad)] if rng.random() < 0.3 else int(rng.integers(14))
-                for i in range(len(observations))]
+        return [bad[(i + self.calls) % len(bad)] if self.rngs[s].random() < 0.3 else int(self.rngs[s].integers(14))
+                for i, s in enumerate(slots)]
 
 
 class Erratic:
@@ -158,27 +158,15 @@ def test_wave_rejects_bad_input() -> None:
         wave.reset([0, 1], ["x"])
 
 
-def test_policies_that_read_envs_step_each_env() -> None:
-    """A policy told each wave's envs (``begin_wave``, e.g. the reference persuader) may read them mid-wave."""
-    from simpop.envs.persuasion.simulators import ActPersuadee
-
-    class ReadsEnvs(Scripted):
-        def begin_wave(self, envs):
-            self.envs = envs
-
-    assert RolloutEngine(ENV, Scripted(), ActPersuadee())._vector_wave([make(ENV)]) is not None
-    assert RolloutEngine(ENV, ReadsEnvs(), ActPersuadee())._vector_wave([make(ENV)]) is None
-
-
 def test_a_wave_that_raises_leaves_the_envs_as_stepping_would(monkeypatch: pytest.MonkeyPatch) -> None:
     """A policy that raises mid-wave: the envs hold the dialogues so far (evaluation keeps partial transcripts)."""
     from simpop.envs.persuasion.simulators import ActPersuadee
 
     class RaisesOnTurnThree(Scripted):
-        def act_batch(self, observations, rng):
+        def act_batch(self, observations, slots):
             if self.calls == 2:
                 raise ValueError("boom")
-            return super().act_batch(observations, rng)
+            return super().act_batch(observations, slots)
 
     jobs = [Job(sid, g, 50 + g) for g, sid in enumerate(make(ENV).scenario_ids()[:8])]
     states = []

@@ -11,6 +11,7 @@ from simpop.envs.persuasion.model import PersuadeeModel
 from simpop.envs.persuasion.simulators import TextPersuadee
 from simpop.envs.wrappers import make_user_seat
 from simpop.rollout import Job, RolloutEngine
+from simpop.seat import Player
 from simpop.simulators.population import Population
 
 ENV = "simpop/Persuasion-v1"
@@ -101,10 +102,10 @@ def test_populations_report_the_member_that_played():
     assert seen == {"warm", "greedy"}
 
 
-class Appealing:
+class Appealing(Player):
     """A text policy that always makes the same logical appeal."""
 
-    def act_batch(self, observations, rng):
+    def act_batch(self, observations, slots):
         return [APPEAL] * len(observations)
 
 

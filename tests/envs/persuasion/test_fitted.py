@@ -12,10 +12,10 @@ import pytest
 import simpop
 from simpop.envs.persuasion.acts import PERSUADER_ACTS
 from simpop.envs.persuasion.corpus import fit_params, load_corpus
-from simpop.envs.persuasion.fitted import (CORPUS_COMMIT, CORPUS_REPOSITORY, FIT_VERSION, fit_release, human_sampler,
-                                           load_release, params_of, predicted_donations, shipped_params, split)
+from simpop.envs.persuasion.fitted import CORPUS_COMMIT, CORPUS_REPOSITORY, fit_release, predicted_donations, split
 from simpop.envs.persuasion.model import PersuadeeModel, PersuadeeParams
 from simpop.envs.persuasion.personas import PersonaSampler
+from simpop.envs.persuasion.release import FIT_VERSION, human_sampler, load_release, params_of, shipped_params
 from simpop.simulators.registry import build_simulator
 
 from tests.envs.persuasion.p4g_fixture import write_p4g_corpus

@@ -1,4 +1,5 @@
-"""The vectorised act-level loop gives the same replies, draws and trajectories as the per-dialogue code."""
+"""The batched persuadee model draws what numpy draws, is row-independent and equals the torch replay; the act-level
+loop gives the same replies, draws and trajectories per dialogue as over the whole wave."""
 
 from __future__ import annotations
 
@@ -9,8 +10,9 @@ import pytest
 import torch
 
 from simpop.agents.policy import ActPolicy
-from simpop.envs.persuasion.acts import PERSUADER_ACTS
-from simpop.envs.persuasion.model import PersuadeeModel, PersuadeeParams, PersuadeeStates
+from simpop.envs.persuasion.acts import ASKING_ACTS, PERSUADEE_ACTS, PERSUADER_ACTS
+from simpop.envs.persuasion.likelihood import REFUSE, ActEpisode, per_dialogue, replay, turns_of
+from simpop.envs.persuasion.model import AMOUNT_LEVELS, PersuadeeModel, PersuadeeParams, PersuadeeStates
 from simpop.envs.persuasion.personas import PersonaSampler
 from simpop.envs.persuasion.simulators import ActPersuadee
 from simpop.envs.persuasion.trainable import TrainableActPersuadee
@@ -32,34 +34,44 @@ def _states(model: PersuadeeModel, n: int, seed: int):
     return out
 
 
+def _choice(model: PersuadeeModel, state, act: str, rng: np.random.Generator, temperature: float):
+    """A reply as numpy's own ``Generator.choice`` draws it over :meth:`PersuadeeModel.distribution` (the most likely
+    one when greedy)."""
+    outcomes = model.distribution(state, act, temperature)
+    if temperature == 0:
+        return max(outcomes, key=lambda o: o[1])[0]
+    probs = np.array([q for _, q in outcomes])
+    return outcomes[int(rng.choice(len(outcomes), p=probs / probs.sum()))][0]
+
+
 @pytest.mark.parametrize("temperature", [0.0, 0.8, 1.0, 1.2])
-def test_respond_batch_matches_respond_reply_and_draws(temperature):
+def test_respond_batch_draws_what_generator_choice_draws(temperature):
     model = PersuadeeModel(PersuadeeParams(intercept=0.5))
     pairs = _states(model, 300, seed=1)
     states, acts = [s for s, _ in pairs], [a for _, a in pairs]
     one = [np.random.default_rng([7, i]) for i in range(len(pairs))]
     many = [np.random.default_rng([7, i]) for i in range(len(pairs))]
     for _ in range(3):  # several draws per generator: the streams must stay aligned
-        expected = [model.respond(s, a, r, temperature) for s, a, r in zip(states, acts, one)]
+        expected = [_choice(model, s, a, r, temperature) for s, a, r in zip(states, acts, one)]
         assert model.respond_batch(states, acts, many, temperature) == expected
     assert [r.random() for r in one] == [r.random() for r in many]
 
 
-def test_respond_batch_falls_back_exactly_on_a_saturated_decision():
-    # An inclination so large that P(refuse) is exactly 0: respond() drops that outcome, so must the batch.
+def test_respond_batch_draws_exactly_on_a_saturated_decision():
+    # An inclination so large that P(refuse) is exactly 0: distribution() drops that outcome, so must the draw.
     model = PersuadeeModel()
     state, act = _states(model, 1, seed=2)[0]
     saturated = type(state)(800.0, state.rapport, state.counts, state.multipliers)
     rngs_a, rngs_b = [np.random.default_rng(3)], [np.random.default_rng(3)]
     asking = "ask-donation-amount"
-    assert model.respond_batch([saturated], [asking], rngs_a) == [model.respond(saturated, asking, rngs_b[0])]
+    assert model.respond_batch([saturated], [asking], rngs_a) == [_choice(model, saturated, asking, rngs_b[0], 1.0)]
     assert rngs_a[0].random() == rngs_b[0].random()
 
 
 @pytest.mark.parametrize("params", ["base", "vector", "decay-1"])
-def test_update_rows_matches_update_exactly(params):
-    """Long dialogues of random acts (repeats, asks before and after appeals) on many personas: the array update
-    gives the per-state update's numbers bit for bit, also with parameters read back from a float vector."""
+def test_update_rows_of_many_rows_equals_each_row_alone(params):
+    """Long dialogues of random acts (repeats, asks before and after appeals) on many personas, random rows at once:
+    each row gets the numbers it gets alone (a batch of one), also with parameters read back from a float vector."""
     base = PersuadeeParams()
     model = PersuadeeModel({"base": base, "vector": PersuadeeParams.from_vector(base.to_vector() * 1.1),
                             "decay-1": PersuadeeParams(repeat_decay=1.0)}[params])
@@ -75,6 +87,40 @@ def test_update_rows_matches_update_exactly(params):
             expected[row] = model.update(expected[row], act)
     assert [states[i] for i in range(len(personas))] == expected
     assert max(max(s.counts) for s in expected) > 2  # repeats were exercised
+
+
+@pytest.mark.parametrize("temperature", [0.7, 1.0])
+def test_the_torch_replay_equals_the_batched_model(temperature):
+    """The likelihood's torch replay along recorded dialogues gives the batched model's inclinations and the log of
+    its reply probabilities, every dialogue's turns stepped together with update_rows."""
+    model = PersuadeeModel(PersuadeeParams.from_vector(PersuadeeParams().to_vector() * 1.05))
+    rng = np.random.default_rng(8)
+    personas = PersonaSampler().sample_many(50, rng)
+    dialogues = [[PERSUADER_ACTS[int(a)] for a in rng.integers(len(PERSUADER_ACTS), size=int(rng.integers(1, 12)))]
+                 for _ in personas]
+    states = PersuadeeStates.of([model.initial_state(p) for p in personas])
+    rngs = [np.random.default_rng([9, i]) for i in range(len(personas))]
+    episodes = [ActEpisode(p) for p in personas]
+    incl, logp = np.full((len(personas), 11), np.nan), np.full((len(personas), 11), np.nan)
+    for turn in range(max(len(d) for d in dialogues)):
+        rows = np.array([i for i, d in enumerate(dialogues) if turn < len(d)])
+        acts = [dialogues[i][turn] for i in rows]
+        model.update_rows(states, rows, acts)
+        replies = model.respond_batch(states.take(rows), acts, [rngs[i] for i in rows], temperature)
+        for group, outcomes, probs in model.probabilities(states.inclination[rows], acts, temperature):
+            for k, p in zip(group.tolist(), probs):
+                i, reply = int(rows[k]), replies[k]
+                incl[i, turn], logp[i, turn] = states.inclination[i], np.log(p[outcomes.index(reply)])
+                code = (REFUSE if reply[0] == "disagree-donation" else AMOUNT_LEVELS.index(reply[1])
+                        ) if acts[k] in ASKING_ACTS else PERSUADEE_ACTS.index(reply[0])
+                episodes[i].turns.append((PERSUADER_ACTS.index(acts[k]), code))
+    theta = torch.as_tensor(model.params.to_vector(), dtype=torch.float64)
+    replayed, _, _ = replay(theta, episodes, temperature)
+    logprob, _ = per_dialogue(theta, None, turns_of(episodes), temperature)
+    width = replayed.shape[1]
+    valid = ~np.isnan(incl[:, :width])
+    assert np.allclose(replayed.numpy()[valid], incl[:, :width][valid], atol=1e-12, rtol=0)
+    assert np.allclose(logprob.numpy(), np.nansum(logp, axis=1), atol=1e-9, rtol=0)
 
 
 def test_update_rows_rejects_bad_rows():
@@ -110,10 +156,10 @@ class _PerDialoguePersuadee(TrainableActPersuadee):
 def _old_policy_act(policy: ActPolicy):
     """The policy's sampling as it was before vectorising: one searchsorted per row."""
 
-    def act_batch(observations, rng):
+    def act_batch(observations, slots):
         with torch.no_grad():
             probs = torch.softmax(policy(policy.observations_tensor(observations)).double(), dim=-1).numpy()
-        u = rng.random(len(observations))
+        u = policy.rngs[slots[0]].random(len(observations))  # every slot holds the wave's generator
         cdf = np.cumsum(probs, axis=1)
         return [int(min(np.searchsorted(row, x, side="right"), policy.n_actions - 1)) for row, x in zip(cdf, u)]
 

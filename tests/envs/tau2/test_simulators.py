@@ -18,6 +18,7 @@ from simpop.rollout import RolloutEngine
 from simpop.simulators.llm import DialogueFormat, LLMSimulator
 from simpop.simulators.registry import build_simulator
 from simpop.simulators.verbalized import VerbalizedSimulator
+from simpop.seat import Player
 from tests.simulators.fakes import FakeBackend, verbalized_json
 
 
@@ -56,10 +57,10 @@ def test_personas_can_replace_the_tasks_persona():
     assert "An impatient retiree." in simulator.scenario(0).user_instructions()
 
 
-class CreateTaskPolicy:
+class CreateTaskPolicy(Player):
     """A stateless batch policy for mock's create_task_1: call the tool once, then confirm."""
 
-    def act_batch(self, observations, rng):
+    def act_batch(self, observations, slots):
         actions = []
         for obs in observations:
             called = any(m["role"] == "tool" for m in parse_observation(obs)["messages"])

@@ -46,7 +46,6 @@ import itertools
 import json
 import os
 import posixpath
-import re
 import shutil
 import sys
 import tempfile
@@ -76,8 +75,6 @@ _SHIMS = {
 }
 #: Limits for git itself (it only ever sees validated patches).
 GIT_LIMITS = sandbox.Limits(timeout_s=120.0, max_output_bytes=4 * 2**20)
-_SUMMARY_RE = re.compile(r"^=*\s*(\d+ [a-z]+(?:, \d+ [a-z]+)*) in [\d.]+s\b.*$")
-_COUNT_RE = re.compile(r"(\d+) (passed|failed|errors?)\b")
 _EPOCH = "2000-01-01T00:00:00+0000"
 
 
@@ -98,8 +95,8 @@ class FeatureResult:
         feature_id: The feature whose tests ran.
         passed: Exit code 0 and at least one test passed.
         exit_code: The test command's exit code (None if it did not run or was killed).
-        tests_passed: Passed tests, from pytest's summary lines.
-        tests_failed: Failed tests plus errors.
+        tests_passed: Passed tests, as the pytest guard recorded them (not pytest's own report).
+        tests_failed: Failed tests plus errors, as the guard recorded them.
         timed_out: Killed at the time limit.
         output_limited: Killed for writing too much output.
         disk_full: The run exhausted its disk quota (``Limits.max_disk_bytes``); such a run fails.
@@ -174,21 +171,6 @@ class PairResult:
                 "apply_status": merge.pop("apply_status"), "rejected": merge.pop("rejected"), "merge": merge,
                 "feature1": asdict(self.feature1), "feature2": asdict(self.feature2),
                 "duration_s": round(self.duration_s, 3)}
-
-
-def parse_test_counts(output: str) -> tuple[int, int]:
-    """(passed, failed + errors) summed over every pytest summary line in ``output``."""
-    passed = failed = 0
-    for line in output.splitlines():
-        match = _SUMMARY_RE.match(line.strip())
-        if not match:
-            continue
-        for number, word in _COUNT_RE.findall(match.group(1)):
-            if word == "passed":
-                passed += int(number)
-            else:
-                failed += int(number)
-    return passed, failed
 
 
 class Evaluator:

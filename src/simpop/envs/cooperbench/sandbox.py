@@ -8,8 +8,8 @@ model-written code) goes through :func:`run`:
 - **output**: stdout and stderr are read together up to ``max_output_bytes``; a process that
   writes more is killed and the result says so (a flood cannot exhaust memory).
 - **memory / files**: ``RLIMIT_AS`` (address space per process) and ``RLIMIT_FSIZE`` (largest file
-  written), set by a small exec wrapper (``python -I -S -c ...``) rather than ``preexec_fn``,
-  which is unsafe in threaded parents.
+  written), set by a small exec wrapper (``sandbox_wrapper.py`` in this package, run by
+  ``python -I -S``) rather than ``preexec_fn``, which is unsafe in threaded parents.
 - **processes**: where a ``pids`` cgroup can be created (cgroup v1 or v2, as root), the run is
   put in its own cgroup with ``pids.max = max_processes``, which stops fork bombs.
 - **children**: in a PID namespace (``unshare --pid --fork --kill-child``) every process the
@@ -18,8 +18,8 @@ model-written code) goes through :func:`run`:
   run's marker environment variable.
 - **network**: with ``unshare --net`` the command runs in an empty network namespace (no
   interface is up, not even loopback). Where namespaces are not permitted, a ``sitecustomize``
-  module on ``PYTHONPATH`` makes Python sockets refuse non-Unix connections: a weaker guard that
-  only covers Python processes.
+  module on ``PYTHONPATH`` (``socket_guard.py``, copied) makes Python sockets
+  refuse non-Unix connections: a weaker guard that only covers Python processes.
 - **filesystem** (untrusted commands, namespaces permitted): a private mount namespace whose root
   is a new, minimal tree (``pivot_root`` onto a tmpfs; the host's root is detached):
 
@@ -78,202 +78,8 @@ SYSTEM_PATHS = ("/usr", "/bin", "/sbin", "/lib", "/lib32", "/lib64", "/libx32", 
 #: Paths inside the visible tree that are masked (an empty file or directory in their place).
 MASKED_PATHS = ("/etc/shadow", "/etc/shadow-", "/etc/gshadow", "/etc/gshadow-", "/etc/sudoers", "/etc/sudoers.d",
                 "/etc/ssh", "/etc/ssl/private", "/etc/security/opasswd")
-
-# Runs in the child before an untrusted command (as PID 1 of the namespaces when they are used):
-# join the run's pids cgroup, set the resource limits, build the filesystem view (a private root,
-# or the older read-only remount), then run the command through setpriv with every capability
-# dropped. `-I -S` keeps it independent of the environment and fast (~30 ms with ctypes).
-_WRAPPER = r"""
-import json, os, resource, sys
-cfg, argv = json.loads(sys.argv[1]), sys.argv[2:]
-os.get_exec_path()  # imports what execvp needs while the interpreter's own files are still at hand
-if cfg["cgroup"]:
-    with open(os.path.join(cfg["cgroup"], "cgroup.procs"), "w") as f:
-        f.write("0")
-for res, val in ((resource.RLIMIT_AS, cfg["mem"]), (resource.RLIMIT_CPU, cfg["cpu"]),
-                 (resource.RLIMIT_FSIZE, cfg["fsize"])):
-    if val > 0:
-        resource.setrlimit(res, (val, val))
-view = cfg["view"]
-if cfg["guard"]:
-    import ctypes, re
-    libc = ctypes.CDLL(None, use_errno=True)
-    MS_RDONLY, MS_NOSUID, MS_NODEV, MS_NOEXEC, MS_REMOUNT, MS_BIND, MS_REC = 1, 2, 4, 8, 32, 4096, 16384
-    def enc(s):
-        return s.encode() if isinstance(s, str) else s
-    def mount(source, target, fstype=None, flags=0, data=None):
-        if libc.mount(enc(source), enc(target), enc(fstype), ctypes.c_ulong(flags), enc(data)) != 0:
-            err = ctypes.get_errno()
-            raise OSError(err, os.strerror(err), target)
-    def mountpoints():
-        with open("/proc/self/mounts") as f:
-            return list(dict.fromkeys(re.sub(r"\\([0-7]{3})", lambda m: chr(int(m.group(1), 8)), line.split()[1])
-                                      for line in f))
-    def read_only(points, keep):
-        for point in points:
-            if point not in keep:
-                try:
-                    mount(None, point, None, MS_REMOUNT | MS_BIND | MS_RDONLY)
-                except OSError:
-                    pass  # already read-only, or not remountable (pseudo filesystems)
-    if view is None:
-        # Older guard: the host tree, every mount read-only except the writable directories.
-        keep = [os.path.realpath(p) for p in cfg["writable"]]
-        for path in keep:
-            mount(path, path, None, MS_BIND)
-        read_only(mountpoints(), keep)
-        # The working directory was entered before the bind mounts above: re-enter it by path, or it
-        # stays on the read-only mount underneath and relative writes fail.
-        cwd = os.getcwd()
-        os.chdir("/")
-        os.chdir(cwd)
-    else:
-        cwd = os.getcwd()
-        status = os.open(view["status"], os.O_WRONLY | os.O_TRUNC)
-        new = view["root"]
-        mount("tmpfs", new, "tmpfs", MS_NOSUID | MS_NODEV, "size=4m,mode=755")
-        scratch = new + "/.scratch"
-        os.mkdir(scratch)
-        mount("tmpfs", scratch, "tmpfs", MS_NOSUID | MS_NODEV, view["scratch_opts"])
-        for name in ("tmp", "shm", "upper", "work"):
-            os.mkdir(f"{scratch}/{name}")
-        os.chmod(f"{scratch}/tmp", 0o1777)
-        os.chmod(f"{scratch}/shm", 0o1777)
-        def place(path, is_dir):
-            dst = new + path
-            if is_dir:
-                os.makedirs(dst, exist_ok=True)
-            else:
-                os.makedirs(os.path.dirname(dst), exist_ok=True)
-                if not os.path.lexists(dst):
-                    open(dst, "w").close()
-            return dst
-        keep = [scratch]
-        keep.append(place("/tmp", True))
-        mount(scratch + "/tmp", keep[-1], None, MS_BIND)
-        for link, target in view["links"]:
-            os.makedirs(os.path.dirname(new + link), exist_ok=True)
-            os.symlink(target, new + link)
-        for path in view["readable"]:
-            mount(path, place(path, os.path.isdir(path)), None, MS_BIND | MS_REC)
-        empty = new + "/.empty"
-        open(empty, "w").close()
-        for path in view["masked"]:
-            if os.path.isdir(path):
-                mount("tmpfs", new + path, "tmpfs", MS_NOSUID | MS_NODEV | MS_RDONLY, "size=4k,mode=755")
-            else:
-                mount(empty, new + path, None, MS_BIND)
-        esc = lambda p: p.replace("\\", "\\\\").replace(",", "\\,").replace(":", "\\:")
-        for i, path in enumerate(view["writable"]):
-            dst = place(path, True)
-            if view["overlay"]:
-                upper, work = f"{scratch}/upper/{i}", f"{scratch}/work/{i}"
-                os.mkdir(upper)
-                os.mkdir(work)
-                mount("overlay", dst, "overlay", MS_NOSUID | MS_NODEV,
-                      f"lowerdir={esc(path)},upperdir={esc(upper)},workdir={esc(work)}")
-            else:
-                mount(path, dst, None, MS_BIND)
-            keep.append(dst)
-        for path in view["outputs"]:
-            keep.append(place(path, False))
-            mount(path, keep[-1], None, MS_BIND)
-        mount("proc", place("/proc", True), "proc", MS_NOSUID | MS_NODEV | MS_NOEXEC | MS_RDONLY)
-        place("/sys", True)
-        dev = place("/dev", True)
-        mount("tmpfs", dev, "tmpfs", MS_NOSUID | MS_NOEXEC, "size=64k,mode=755")
-        for node in ("null", "zero", "full", "random", "urandom", "tty"):
-            if os.path.exists("/dev/" + node):
-                open(f"{dev}/{node}", "w").close()
-                mount("/dev/" + node, f"{dev}/{node}", None, MS_BIND)
-                keep.append(f"{dev}/{node}")
-        for name, target in (("fd", "/proc/self/fd"), ("stdin", "/proc/self/fd/0"), ("stdout", "/proc/self/fd/1"),
-                             ("stderr", "/proc/self/fd/2"), ("ptmx", "pts/ptmx")):
-            os.symlink(target, f"{dev}/{name}")
-        os.mkdir(f"{dev}/shm")
-        mount(scratch + "/shm", f"{dev}/shm", None, MS_BIND)
-        keep.append(f"{dev}/shm")
-        os.mkdir(f"{dev}/pts")
-        try:
-            mount("devpts", f"{dev}/pts", "devpts", MS_NOSUID | MS_NOEXEC, "newinstance,ptmxmode=0666,mode=620")
-            keep.append(f"{dev}/pts")
-        except OSError:
-            pass  # no pseudo-terminals in the sandbox
-        os.mkdir(new + "/.oldroot")
-        read_only([p for p in mountpoints() if p.startswith(new + "/")], keep)
-        os.chdir(new)
-        if libc.syscall(155 if os.uname().machine == "x86_64" else 41, b".", b".oldroot") != 0:
-            err = ctypes.get_errno()
-            raise OSError(err, "pivot_root: " + os.strerror(err), new)
-        os.chdir("/")
-        libc.umount2(b"/.oldroot", 2)  # MNT_DETACH: the host's tree is gone from this namespace
-        os.rmdir("/.oldroot")
-        quota = os.open("/.scratch", os.O_RDONLY | os.O_DIRECTORY)
-        libc.umount2(b"/.scratch", 2)
-        os.rmdir("/.scratch")
-        os.unlink("/.empty")
-        mount(None, "/", None, MS_REMOUNT | MS_BIND | MS_RDONLY)
-        try:
-            os.chdir(cwd)
-        except OSError:
-            print(f"simpop sandbox: the working directory {cwd} is not in the sandbox's view", file=sys.stderr)
-            os._exit(126)
-    argv = [cfg["setpriv"], "--bounding-set=-all", "--inh-caps=-all", "--no-new-privs", "--", *argv]
-if view is None:
-    os.execvp(argv[0], argv)
-# PID 1 of the private root: run the command, then report its status and the disk quota's use.
-pid = os.fork()
-if pid == 0:
-    try:
-        os.execvp(argv[0], argv)
-    except OSError as exc:
-        print(f"simpop sandbox: could not start {argv[5]!r}: {exc}", file=sys.stderr)
-    os._exit(127)
-while True:
-    try:
-        done, code = os.wait()
-    except ChildProcessError:
-        code = 127 << 8
-        break
-    if done == pid:
-        break
-st = os.fstatvfs(quota)
-free, total = st.f_bavail * st.f_frsize, st.f_blocks * st.f_frsize
-signum = os.WTERMSIG(code) if os.WIFSIGNALED(code) else 0
-os.write(status, json.dumps({"signal": signum, "disk_used": total - free,
-                             "disk_full": view["quota"] > 0 and free < max(2**20, total // 100)}).encode())
-os._exit(128 + signum if signum else os.WEXITSTATUS(code))
-"""
-
-# Imported by every Python process started with the fallback network guard on PYTHONPATH.
-_SOCKET_GUARD = '''"""simpop sandbox: no network for this process (fallback when network namespaces are unavailable)."""
-import socket
-
-_connect, _connect_ex, _sendto = socket.socket.connect, socket.socket.connect_ex, socket.socket.sendto
-
-
-def _check(sock):
-    if sock.family != getattr(socket, "AF_UNIX", None):
-        raise PermissionError("network access is disabled in the simpop sandbox")
-
-
-def connect(self, *a):
-    _check(self)
-    return _connect(self, *a)
-
-
-def connect_ex(self, *a):
-    _check(self)
-    return _connect_ex(self, *a)
-
-
-def sendto(self, *a):
-    _check(self)
-    return _sendto(self, *a)
-
-
-socket.socket.connect, socket.socket.connect_ex, socket.socket.sendto = connect, connect_ex, sendto
-'''
+#: This package's folder: the programs a contained run starts in (sandbox_wrapper.py, socket_guard.py).
+_HERE = Path(__file__).resolve().parent
 
 
 @dataclass(frozen=True)
@@ -360,7 +166,7 @@ def capabilities() -> Capabilities:
     refused: list[str] = []
     for private_root, overlay in ((True, True), (True, False), (False, False)):
         caps = Capabilities(namespaces=True, pids_cgroup=None, private_root=private_root, disk_quota=overlay)
-        with _scratch_dir() as probe_dir:
+        with tempfile.TemporaryDirectory(prefix="simpop-sandbox-probe-", ignore_cleanup_errors=True) as probe_dir:
             probe = Path(probe_dir) / "w"
             probe.mkdir()
             result = run(["sh", "-c", "echo x > probe"], probe, Limits(timeout_s=20), {"PATH": "/usr/bin:/bin"},
@@ -395,15 +201,6 @@ def _find_pids_cgroup() -> Path | None:
             with contextlib.suppress(OSError):
                 probe.rmdir()
     return None
-
-
-@contextlib.contextmanager
-def _scratch_dir():
-    path = tempfile.mkdtemp(prefix="simpop-sandbox-probe-")
-    try:
-        yield path
-    finally:
-        shutil.rmtree(path, ignore_errors=True)
 
 
 def _under(path: str, roots: list[str]) -> bool:
@@ -502,7 +299,7 @@ def _command(argv: list[str], limits: Limits, cgroup: Path | None, writable: lis
     config = {"mem": limits.memory_bytes, "cpu": int(limits.timeout_s) + 2, "fsize": limits.max_file_bytes,
               "cgroup": str(cgroup) if cgroup else None, "guard": namespaces, "view": view if namespaces else None,
               "writable": [str(p) for p in writable], "setpriv": shutil.which("setpriv") or "setpriv"}
-    command = [sys.executable, "-I", "-S", "-c", _WRAPPER, json.dumps(config), *argv]
+    command = [sys.executable, "-I", "-S", str(_HERE / "sandbox_wrapper.py"), json.dumps(config), *argv]
     if not namespaces:
         return command
     flags = ["--mount", "--propagation", "private", "--pid", "--fork", "--kill-child"]
@@ -559,7 +356,7 @@ class ProcessResult:
 def write_socket_guard(directory: Path) -> Path:
     """Write the fallback network guard into ``directory`` (put it on ``PYTHONPATH``)."""
     directory.mkdir(parents=True, exist_ok=True)
-    (directory / "sitecustomize.py").write_text(_SOCKET_GUARD)
+    shutil.copyfile(_HERE / "socket_guard.py", directory / "sitecustomize.py")
     return directory
 
 

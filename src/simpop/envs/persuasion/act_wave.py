@@ -1,17 +1,16 @@
-"""A wave of act-level P4G dialogues stepped as arrays (:meth:`PersuasionActEnv.vector_wave`).
+"""Act-level P4G dialogues as arrays, one row per dialogue: the act env's one stepping path.
 
-:class:`ActWave` plays the dialogues of one :class:`~simpop.rollout.RolloutEngine` wave in the wave's
-:class:`~simpop.envs.persuasion.env.PersuasionActEnv` envs, but keeps their state in arrays (last acts,
-persuader act counts, steps, whose turn, decisions) and does each tick's observations, validation,
-rewards and termination for all the dialogues at once. What it produces is exactly what stepping every env
-would: the same observations (float32, bit for bit), actions, per-step rewards and policy-seat infos
-(:meth:`episode`), the same generators handed to the simulator, and, when the wave ends, envs in the state
-``env.step`` would have left them (:meth:`finish`: transcript, counts, outcome), so callers that read an env
-after its dialogue (evaluation records) see no difference. ``tests/envs/persuasion/test_act_wave.py`` checks this
-against the per-env path under several seeds.
+:class:`ActWave` holds what an act-level dialogue is (whose turn, steps, the persuader's act counts, each seat's last
+act, the decision, a log of every step and of each seat's observations) for many dialogues at once and steps them with
+array operations: observations, validation, the acts' effects, rewards and termination.
+:class:`~simpop.envs.persuasion.env.PersuasionActEnv` keeps its dialogue in a row (of a wave of its own, or of the
+wave that plays it) and every ``env.step`` is :meth:`ActWave.step` on that row; the rollout engine plays a whole wave of
+envs at once (``env.vector_wave(envs)``), stepping their rows together. Both run this code, so the trajectories are the
+same; when a wave ends (:meth:`finish`) each env takes its row's progress (:meth:`PersuasionActEnv.sync`), so callers
+that read an env after its dialogue (evaluation records) see no difference. ``tests/envs/persuasion/test_act_wave.py``
+checks the rollout engine's two paths against each other under several seeds.
 
-Seats are numbered 0 (the persuader, the policy) and 1 (the persuadee); ``to_act`` is -1 once a dialogue is
-over.
+Seats are numbered 0 (the persuader, the policy) and 1 (the persuadee); ``to_act`` is -1 once a dialogue is over.
 """
 
 from __future__ import annotations
@@ -21,25 +20,39 @@ from collections.abc import Sequence
 from typing import Any
 
 import numpy as np
+from gymnasium import spaces
 
 from simpop.envs.persuasion.acts import DONATING_ACTS, PERSUADEE_ACTS, PERSUADER_ACTS, REFUSING_ACTS
+from simpop.envs.persuasion.codec import N_AMOUNTS, PERSUADEE_OBS_DIM, PERSUADER_OBS_DIM
 from simpop.envs.persuasion.model import AMOUNT_LEVELS
 
 logger = logging.getLogger(__name__)
 
 POLICY, USER, DONE = 0, 1, -1
-_N_ER, _N_EE, _N_AMOUNTS = len(PERSUADER_ACTS), len(PERSUADEE_ACTS), len(AMOUNT_LEVELS)
+_N_ER, _N_EE = len(PERSUADER_ACTS), len(PERSUADEE_ACTS)
 _IS_DONATING = np.array([a in DONATING_ACTS for a in PERSUADEE_ACTS])
 _IS_DECISION = np.array([a in DONATING_ACTS or a in REFUSING_ACTS for a in PERSUADEE_ACTS])
 _LEVELS = np.array(AMOUNT_LEVELS)
+OBS_DIMS = (PERSUADER_OBS_DIM, PERSUADEE_OBS_DIM)
+
+
+def why_invalid(action: Any, space: spaces.Discrete) -> str | None:
+    """Why the act env rejects ``action`` in a seat with action space ``space`` (None: accepted)."""
+    if isinstance(action, (bool, np.bool_)):
+        ok = False
+    elif isinstance(action, (int, np.integer)):  # the common case, without gymnasium's general check
+        ok = bool(0 <= action < space.n)
+    else:
+        ok = space.contains(action)
+    return None if ok else f"action must be an int in [0, {space.n}), got {action!r}"
 
 
 class ActWave:
     """The dialogues of one wave, one per env of ``envs`` (all built alike: the same ``max_turns``).
 
     Args:
-        envs: The wave's envs (``PersuasionActEnv``, which owns this module: it is not imported back); row ``i``
-            is played in ``envs[i]``.
+        envs: The envs (``PersuasionActEnv``, which owns this module: it is not imported back); row ``i`` is played
+            in ``envs[i]``.
     """
 
     def __init__(self, envs: Sequence[Any]):
@@ -51,21 +64,9 @@ class ActWave:
         self.envs = list(envs)
         self.max_turns, self.max_steps = first.max_turns, first.max_steps
         self.seats = (first.policy_seat, first.user_seat)
-        self.action_n = (_N_ER, _N_EE * _N_AMOUNTS)
-
-    def reset(self, seeds: Sequence[int], scenario_ids: Sequence[str]) -> None:
-        """Start row ``i``'s dialogue in ``envs[i]`` as ``env.reset(seed=seeds[i], options={"scenario_id": ...})``
-        would (the same generator draws, in the same order)."""
+        self.spaces = tuple(first.action_space(seat) for seat in self.seats)
         n = len(self.envs)
-        if not len(seeds) == len(scenario_ids) == n:
-            raise ValueError(f"reset needs one seed and one scenario per env ({n}), got {len(seeds)}, "
-                             f"{len(scenario_ids)}")
-        for env, seed, scenario_id in zip(self.envs, seeds, scenario_ids):
-            if scenario_id not in env._scenarios:
-                env.reset(seed=seed, options={"scenario_id": scenario_id})  # raises the env's own KeyError
-            env.np_random = np.random.default_rng(seed)
-            env._begin(env._scenarios[scenario_id])
-        self.to_act = np.zeros(n, np.int64)
+        self.to_act = np.full(n, POLICY, np.int64)
         self.steps = np.zeros(n, np.int64)
         self.counts = np.zeros((n, _N_ER), np.float32)
         self.n_acts = np.zeros(n, np.int64)
@@ -76,13 +77,33 @@ class ActWave:
         # History, one column per step: who acted, the action's code (-1 if rejected), the observations acted on.
         self.seat_log = np.zeros((n, self.max_steps), np.int8)
         self.code_log = np.zeros((n, self.max_steps), np.int64)
-        self.obs_log = (np.zeros((n, self.max_steps, _N_EE + 1 + _N_ER + 2), np.float32),
-                        np.zeros((n, self.max_steps, _N_ER + 1 + _N_ER + 2), np.float32))
+        self.obs_log = tuple(np.zeros((n, self.max_steps, dim), np.float32) for dim in OBS_DIMS)
         self.obs_count = (np.zeros(n, np.int64), np.zeros(n, np.int64))
         #: (row, step) -> why the action was rejected; (row, step) -> an action that is not a plain int, as given.
         self.errors: dict[tuple[int, int], str] = {}
         self.raw: dict[tuple[int, int], Any] = {}
         self._errors_by_row: dict[int, list[tuple[int, str]]] | None = None
+
+    def start(self, row: int) -> None:
+        """Clear row ``row`` for a new dialogue (the persuader speaks first)."""
+        self.to_act[row], self.steps[row], self.n_acts[row], self.obs_count[0][row], self.obs_count[1][row] = (
+            POLICY, 0, 0, 0, 0)
+        self.counts[row] = 0.0
+        self.last[POLICY][row], self.last[USER][row] = _N_ER, _N_EE
+        self.donation[row], self.terminated[row] = np.nan, False
+        if self.errors or self.raw:
+            self.errors = {k: v for k, v in self.errors.items() if k[0] != row}
+            self.raw = {k: v for k, v in self.raw.items() if k[0] != row}
+            self._errors_by_row = None
+
+    def reset(self, seeds: Sequence[int], scenario_ids: Sequence[str]) -> None:
+        """Start row ``i``'s dialogue in ``envs[i]`` as ``env.reset(seed=seeds[i], options={"scenario_id": ...})``
+        would (the same generator draws, in the same order)."""
+        if not len(seeds) == len(scenario_ids) == len(self.envs):
+            raise ValueError(f"reset needs one seed and one scenario per env ({len(self.envs)}), got {len(seeds)}, "
+                             f"{len(scenario_ids)}")
+        for row, (env, seed, scenario_id) in enumerate(zip(self.envs, seeds, scenario_ids)):
+            env.play_in(self, row, seed, scenario_id)
 
     def user_rngs(self) -> list[np.random.Generator]:
         """Each row's user-seat generator (``env.user_rng()``), for the simulator's ``reset_batch``."""
@@ -92,15 +113,19 @@ class ActWave:
         """The rows whose dialogue awaits ``seat``, in row order."""
         return np.flatnonzero(self.to_act == seat)
 
-    def observe(self, rows: np.ndarray, seat: int) -> np.ndarray:
-        """``seat``'s observations in ``rows`` (all to act), ``[len(rows), dim]``, as the env builds them; they
-        are kept as the observations the seat acted on."""
+    def observation(self, rows: np.ndarray, seat: int) -> np.ndarray:
+        """``seat``'s observations in ``rows``, ``[len(rows), dim]``, with the to-act flag set where it is its turn."""
         head = (_N_EE if seat == POLICY else _N_ER) + 1
-        out = np.zeros((len(rows), head + _N_ER + 2), np.float32)
+        out = np.zeros((len(rows), OBS_DIMS[seat]), np.float32)
         out[np.arange(len(rows)), self.last[1 - seat][rows]] = 1.0
         np.divide(self.counts[rows], self.max_turns, out=out[:, head:head + _N_ER])
         out[:, -2] = self.n_acts[rows].astype(np.float32) / np.float32(self.max_turns)
-        out[:, -1] = 1.0
+        out[:, -1] = self.to_act[rows] == seat
+        return out
+
+    def observe(self, rows: np.ndarray, seat: int) -> np.ndarray:
+        """``seat``'s observations in ``rows`` (all to act), kept as the observations the seat acted on."""
+        out = self.observation(rows, seat)
         self.obs_log[seat][rows, self.obs_count[seat][rows]] = out
         self.obs_count[seat][rows] += 1
         return out
@@ -119,21 +144,21 @@ class ActWave:
             self.last[POLICY][good] = codes
             self.to_act[good] = USER
         else:
-            acts = codes // _N_AMOUNTS
+            acts = codes // N_AMOUNTS
             self.last[USER][good] = acts
             self.to_act[good] = POLICY
             decided = _IS_DECISION[acts]
-            self.donation[good[decided]] = np.where(_IS_DONATING[acts], _LEVELS[codes % _N_AMOUNTS], 0.0)[decided]
+            self.donation[good[decided]] = np.where(_IS_DONATING[acts], _LEVELS[codes % N_AMOUNTS], 0.0)[decided]
             self.terminated[good[decided]] = True
         ended = rows[self.terminated[rows] | (self.steps[rows] >= self.max_steps)]
         self.to_act[ended] = DONE
         return ended
 
     def _validate(self, rows: np.ndarray, seat: int, actions: Sequence[Any]) -> tuple[np.ndarray, np.ndarray]:
-        """Each action's code and whether the env accepts it (``PersuasionActEnv._validate``, row by row)."""
+        """Each action's code and whether it is accepted (:func:`why_invalid`); rejections are kept in :attr:`errors`."""
         if len(actions) != len(rows):
             raise ValueError(f"got {len(actions)} actions for {len(rows)} dialogues")
-        n, space = self.action_n[seat], self.envs[0].action_space(self.seats[seat])
+        n = self.spaces[seat].n
         codes, ok = np.zeros(len(rows), np.int64), np.ones(len(rows), bool)
         for j, action in enumerate(actions):
             if type(action) is int and 0 <= action < n:  # the common case
@@ -141,21 +166,28 @@ class ActWave:
                 continue
             row, step = int(rows[j]), int(self.steps[rows[j]])
             self.raw[row, step] = action
-            if isinstance(action, (bool, np.bool_)):
-                good = False
-            elif isinstance(action, (int, np.integer)):
-                good = bool(0 <= action < n)
-            else:
-                good = space.contains(action)
-            if good:
+            error = why_invalid(action, self.spaces[seat])
+            if error is None:
                 codes[j] = int(action)
             else:
                 ok[j] = False
-                self.errors[row, step] = f"action must be an int in [0, {n}), got {action!r}"
+                self.errors[row, step] = error
                 self._errors_by_row = None
                 if seat == USER:
-                    logger.debug("user-seat action rejected (%s): %.200r", self.errors[row, step], action)
+                    logger.debug("user-seat action rejected (%s): %.200r", error, action)
         return codes, ok
+
+    def accepted(self, row: int, start: int = 0) -> list[tuple[str, int]]:
+        """Row ``row``'s accepted ``(seat, action)`` pairs from step ``start`` on, in order."""
+        n = int(self.steps[row])
+        return [(self.seats[s], c) for s, c in zip(self.seat_log[row, start:n].tolist(),
+                                                   self.code_log[row, start:n].tolist()) if c >= 0]
+
+    def last_error(self, row: int) -> dict[str, str]:
+        """Why row ``row``'s last step's action was rejected, keyed by seat (empty if it was accepted)."""
+        n = int(self.steps[row])
+        error = self.errors.get((row, n - 1))
+        return {self.seats[int(self.seat_log[row, n - 1])]: error} if error else {}
 
     def policy_return(self, rows: np.ndarray) -> list[float]:
         """The persuader's return in ``rows`` (1 for a dialogue that ended with a donation, else 0)."""
@@ -204,19 +236,6 @@ class ActWave:
 
     def finish(self) -> None:
         """Leave every env as stepping it would have, also when the wave stopped early (a policy or simulator
-        raised): the transcript so far is rendered when it is first read."""
-        for row, env in enumerate(self.envs):
-            n = int(self.steps[row])
-            seats, codes = self.seat_log[row, :n].tolist(), self.code_log[row, :n].tolist()
-            to_act = int(self.to_act[row])
-            env.steps, env.to_act = n, None if to_act == DONE else self.seats[to_act]
-            if to_act == DONE:
-                env.agents = []
-            last_error = self.errors.get((row, n - 1))
-            env._errors = {self.seats[seats[-1]]: last_error} if last_error else {}
-            if self.terminated[row]:
-                env._decide(float(self.donation[row]), "decided_in_dialogue")
-            env._counts = self.counts[row].copy()
-            env._n_acts = int(self.n_acts[row])
-            env._last = {self.seats[POLICY]: int(self.last[POLICY][row]), self.seats[USER]: int(self.last[USER][row])}
-            env._pending.extend((self.seats[s], c) for s, c in zip(seats, codes) if c >= 0)
+        raised): each env takes its row's progress (its transcript is rendered from the row when first read)."""
+        for env in self.envs:
+            env.sync()

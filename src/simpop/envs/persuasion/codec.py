@@ -2,10 +2,12 @@
 
 A persuadee action is one ``Discrete(23 · 7)`` index: the act, and for donating acts the amount level
 (:func:`encode_persuadee_action`, :func:`decode_persuadee_action`). An observation is a flat vector whose first
-entries one-hot the other seat's latest act (:func:`last_persuader_act` reads the persuadee's).
+entries one-hot the other seat's latest act (:func:`last_persuader_acts` reads the persuadee's).
 """
 
 from __future__ import annotations
+
+from collections.abc import Sequence
 
 import numpy as np
 
@@ -39,7 +41,15 @@ def decode_persuadee_action(action: int) -> tuple[str, float | None]:
     return act, 0.0 if act in REFUSING_ACTS else None
 
 
+def last_persuader_acts(observations: Sequence[np.ndarray]) -> list[str | None]:
+    """The persuader act each persuadee observation reports as the latest (None before the first), one argmax over
+    the stacked rows."""
+    if not len(observations):
+        return []
+    index = np.argmax(np.asarray(observations)[:, :len(PERSUADER_ACTS) + 1], axis=1)
+    return [PERSUADER_ACTS[i] if i < len(PERSUADER_ACTS) else None for i in index.tolist()]
+
+
 def last_persuader_act(observation: np.ndarray) -> str | None:
-    """The persuader act a persuadee observation reports as the latest (None before the first)."""
-    index = int(np.argmax(observation[:len(PERSUADER_ACTS) + 1]))
-    return PERSUADER_ACTS[index] if index < len(PERSUADER_ACTS) else None
+    """:func:`last_persuader_acts` of one observation."""
+    return last_persuader_acts([observation])[0]

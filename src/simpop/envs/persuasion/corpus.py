@@ -139,6 +139,12 @@ class Corpus:
         """A sampler that resamples the corpus's persuadee personas."""
         return EmpiricalPersonaSampler(self.personas())
 
+    def resample(self, seed: int, index: int) -> Corpus:
+        """Bootstrap resample ``index`` of the dialogues (generator seeded with ``[seed, index]``)."""
+        rng = np.random.default_rng([seed, index])
+        n = len(self.dialogues)
+        return Corpus(tuple(self.dialogues[i] for i in rng.integers(n, size=n)))
+
 
 # ---------------------------------------------------------------------------------------------- reading
 class _Table:

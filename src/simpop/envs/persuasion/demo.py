@@ -10,7 +10,10 @@ import argparse
 
 import numpy as np
 
+from simpop.envs.persuasion.acts import PERSUADER_ACTS, render_persuader
 from simpop.envs.persuasion.env import MAX_TURNS
+from simpop.envs.persuasion.model import reference_persuader
+from simpop.envs.wrappers import make_user_seat
 from simpop.user_input import SEED, integer
 
 
@@ -24,10 +27,6 @@ def configure(parser: argparse.ArgumentParser) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
-    from simpop.envs.persuasion.acts import PERSUADER_ACTS, render_persuader
-    from simpop.envs.persuasion.model import reference_persuader
-    from simpop.envs.wrappers import make_user_seat
-
     env_id = "simpop/Persuasion-v0" if args.level == "text" else "simpop/PersuasionAct-v0"
     env = make_user_seat(env_id, max_turns=args.max_turns)
     successes = 0

@@ -19,7 +19,7 @@ import numpy as np
 from gymnasium import spaces
 
 from simpop.envs.dialogue import NOT_UNICODE, DialogueEnv, Outcome, TextSpace, Turn, is_unicode
-from simpop.envs.persuasion.act_wave import ActWave
+from simpop.envs.persuasion.act_wave import DONE, ActWave, why_invalid
 from simpop.envs.persuasion.acts import (DONATING_ACTS, PERSUADEE_ACTS, PERSUADER_ACTS, classify_persuader,
                                          render_persuadee, render_persuader)
 from simpop.envs.persuasion.codec import N_AMOUNTS, PERSUADEE_OBS_DIM, PERSUADER_OBS_DIM, decode_persuadee_action
@@ -74,7 +74,7 @@ class _PersuasionEnv(DialogueEnv):
         - ``uniform-<n>-<seed>``: the same with every attribute uniform over its values
           (:meth:`PersonaSampler.uniform`; the robustness panel's people, more of them at the extremes).
         - ``human-<n>-<seed>``: ``n`` draws from the shipped fit's marginals of the real P4G persuadees
-          (:func:`.fitted.human_sampler`, no corpus needed), minus this env's scenario personas.
+          (:func:`.release.human_sampler`, no corpus needed), minus this env's scenario personas.
         - ``corpus:<dir>``: the persuadees of the P4G corpus in folder ``dir`` (:mod:`.corpus`), training's or not.
         - ``region-<n>-<seed>:<clauses>``, ``written-<sha>``: generated from lost dialogues (:mod:`.failures`).
         """
@@ -268,10 +268,20 @@ class PersuasionActEnv(_PersuasionEnv):
     :func:`~.codec.encode_persuadee_action`); observation ``Box(0, 1, (31,))``. A donating act ends the episode
     with its amount, a refusing act with $0. Transcript turns hold the act name and a templated text.
 
+    The dialogue's state is a row of an :class:`~.act_wave.ActWave` (a wave of its own, or the rollout engine's wave
+    that plays it: :meth:`vector_wave`), and every accepted action is :meth:`ActWave.step` on that row.
+
     Args: as :class:`PersuasionEnv`, without ``max_message_chars``.
     """
 
     metadata = {**DialogueEnv.metadata, "name": "persuasion_act_v0"}
+    _rendered: int  # steps of the dialogue's row already in the transcript
+
+    def __init__(self, max_turns: int = 10, n_scenarios: int = 200, scenario_seed: int = 2019,
+                 corpus_dir: str | Path | None = None, render_mode: str | None = None):
+        super().__init__(max_turns, n_scenarios, scenario_seed, corpus_dir, render_mode)
+        self._own = ActWave([self])
+        self._wave, self._row = self._own, 0
 
     def _make_spaces(self):
         obs = {self.policy_seat: spaces.Box(0.0, 1.0, (PERSUADER_OBS_DIM,), np.float32),
@@ -280,80 +290,80 @@ class PersuasionActEnv(_PersuasionEnv):
                self.user_seat: spaces.Discrete(len(PERSUADEE_ACTS) * N_AMOUNTS)}
         return obs, act
 
-    @property
-    def transcript(self) -> list[Turn]:
-        """The accepted turns, rendered as text when first read (training never reads them)."""
-        if self._pending:
-            self._render_pending()
-        return self._transcript
-
-    @transcript.setter
-    def transcript(self, turns: list[Turn]) -> None:
-        self._transcript = turns
-        self._pending: list[tuple[str, int]] = []  # accepted (seat, action) pairs not yet rendered
+    def reset(self, seed: int | None = None, options: dict[str, Any] | None = None):
+        self._wave, self._row = self._own, 0
+        return super().reset(seed=seed, options=options)
 
     def vector_wave(self, envs: list[PersuasionActEnv]) -> ActWave:
-        """A stepper that plays a wave of dialogues in ``envs`` (this env among them) as arrays, with the same
-        trajectories (:class:`~simpop.envs.persuasion.act_wave.ActWave`; the rollout engine uses it)."""
+        """A stepper that plays a wave of dialogues in ``envs`` (this env among them) as rows of one array state,
+        with the same trajectories (:class:`~simpop.envs.persuasion.act_wave.ActWave`; the rollout engine uses it)."""
         return ActWave(envs)
+
+    def play_in(self, wave: ActWave, row: int, seed: int, scenario_id: str) -> None:
+        """Start the dialogue ``reset(seed=seed, options={"scenario_id": scenario_id})`` starts (the same draws), with
+        its state in row ``row`` of ``wave``, which steps it (:meth:`ActWave.reset`)."""
+        if scenario_id not in self._scenarios:
+            self.reset(seed=seed, options={"scenario_id": scenario_id})  # raises the env's own KeyError
+        self._wave, self._row = wave, row
+        self.np_random = np.random.default_rng(seed)
+        self._begin(self._scenarios[scenario_id])
+
+    def sync(self) -> None:
+        """Take the dialogue's progress (steps, whose turn, the last rejection, the decision) from the row of the wave
+        that stepped it (:meth:`ActWave.finish`)."""
+        wave, row = self._wave, self._row
+        self.steps, to_act = int(wave.steps[row]), int(wave.to_act[row])
+        self.to_act = None if to_act == DONE else self.possible_agents[to_act]
+        if to_act == DONE:
+            self.agents = []
+        self._errors = wave.last_error(row)
+        if wave.terminated[row]:
+            self._decide(float(wave.donation[row]), DECIDED_IN_DIALOGUE)
 
     def _start(self) -> None:
         super()._start()
         # Phrasings come from the reset seed too, so transcripts are reproducible.
         self._text_seed = int(self.np_random.integers(2**63 - 1))
         self._text_rng: np.random.Generator | None = None
-        # Kept up to date in _apply so observations need no pass over the transcript.
-        self._counts = np.zeros(len(PERSUADER_ACTS), np.float32)
-        self._n_acts = 0
-        self._last = {self.policy_seat: len(PERSUADER_ACTS), self.user_seat: len(PERSUADEE_ACTS)}
+        self._wave.start(self._row)
 
-    def _render_pending(self) -> None:
-        """Render the accepted (seat, action) pairs not yet in the transcript, in order, with the episode's
+    @property
+    def transcript(self) -> list[Turn]:
+        """The accepted turns, rendered as text when first read (training never reads them), with the episode's
         phrasing generator (so the text does not depend on when it is read)."""
-        if self._text_rng is None:
-            self._text_rng = np.random.default_rng(self._text_seed)
-        pending, self._pending = self._pending, []
-        for seat, action in pending:
-            if seat == self.policy_seat:
-                act = PERSUADER_ACTS[action]
-                self._transcript.append(Turn(seat, render_persuader(act, self._text_rng), act=act))
-            else:
-                act, amount = decode_persuadee_action(action)
-                text = render_persuadee(act, amount if act in DONATING_ACTS else None, self._text_rng)
-                self._transcript.append(Turn(seat, text, act=act, data={"donation": amount}))
+        pending = self._wave.accepted(self._row, self._rendered)
+        if pending:
+            if self._text_rng is None:
+                self._text_rng = np.random.default_rng(self._text_seed)
+            self._rendered = int(self._wave.steps[self._row])
+            for seat, action in pending:
+                if seat == self.policy_seat:
+                    act = PERSUADER_ACTS[action]
+                    self._transcript.append(Turn(seat, render_persuader(act, self._text_rng), act=act))
+                else:
+                    act, amount = decode_persuadee_action(action)
+                    text = render_persuadee(act, amount if act in DONATING_ACTS else None, self._text_rng)
+                    self._transcript.append(Turn(seat, text, act=act, data={"donation": amount}))
+        return self._transcript
+
+    @transcript.setter
+    def transcript(self, turns: list[Turn]) -> None:
+        self._transcript = turns
+        self._rendered = 0
 
     def _validate(self, seat: str, action: Any) -> str | None:
         space = self.action_space(seat)
         assert isinstance(space, spaces.Discrete)  # built in _make_spaces
-        if isinstance(action, (bool, np.bool_)):
-            ok = False
-        elif isinstance(action, (int, np.integer)):  # the common case, without gymnasium's general check
-            ok = 0 <= action < space.n
-        else:
-            ok = space.contains(action)
-        return None if ok else f"action must be an int in [0, {space.n}), got {action!r}"
+        return why_invalid(action, space)
 
     def _apply(self, seat: str, action: Any) -> str:
-        self._pending.append((seat, int(action)))
-        if seat == self.policy_seat:
-            self._counts[int(action)] += 1
-            self._n_acts += 1
-            self._last[seat] = int(action)
-            return self.user_seat
-        self._last[seat] = int(action) // N_AMOUNTS
-        _, amount = decode_persuadee_action(int(action))
-        if amount is not None:  # a donating act or a refusal (0.0)
-            self._decide(amount, DECIDED_IN_DIALOGUE)
-        return self.policy_seat
+        row = self._row
+        self._wave.step(np.array([row]), self.possible_agents.index(seat), [int(action)])
+        if self._wave.terminated[row]:  # a donating act or a refusal
+            self._decide(float(self._wave.donation[row]), DECIDED_IN_DIALOGUE)
+        return self.user_seat if seat == self.policy_seat else self.policy_seat
 
     def _observe(self, seat: str) -> np.ndarray:
-        # The persuader sees the persuadee's last act and vice versa (one-hot; the extra slot = none yet), then the
-        # persuader's act counts / max_turns, the turn fraction and the to-act flag; written into one array.
-        other = self.user_seat if seat == self.policy_seat else self.policy_seat
-        head = (len(PERSUADEE_ACTS) if other == self.user_seat else len(PERSUADER_ACTS)) + 1
-        out = np.zeros(head + len(PERSUADER_ACTS) + 2, np.float32)
-        out[self._last[other]] = 1.0
-        np.divide(self._counts, self.max_turns, out=out[head:head + len(PERSUADER_ACTS)])
-        out[-2] = np.float32(self._n_acts) / np.float32(self.max_turns)
-        out[-1] = self.to_act == seat
+        out = self._wave.observation(np.array([self._row]), self.possible_agents.index(seat))[0]
+        out[-1] = self.to_act == seat  # None once the episode is over
         return out

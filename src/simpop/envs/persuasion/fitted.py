@@ -1,9 +1,7 @@
-"""The corpus-fitted persuadees simpop ships: ``persuadee:fitted-<i>`` and persona set ``human-<n>-<seed>`` without
-a corpus on the machine.
+"""Fitting the native persuadee to the P4G corpus: the release simpop ships (read by :mod:`.release`) and its quality.
 
-simpop ships no P4G corpus file. It ships one JSON file, ``data/p4g-fit-v1.json``, made by :func:`fit_release` from
-the public corpus (repository and commit in its ``corpus`` field, with the SHA-256 of each file read) and the command
-that remakes it (``command``)::
+:func:`fit_release` makes ``data/p4g-fit-v1.json`` from the public corpus (repository and commit in its ``corpus``
+field, with the SHA-256 of each file read) and records the command that remakes it (``command``)::
 
     simpop fit-p4g --corpus DIR            # writes the fit and the realism statistics (simpop.evaluation.realism)
     simpop fit-p4g --corpus DIR --check    # re-fits and compares with the shipped files (exit 1 if they differ)
@@ -19,29 +17,26 @@ and unannotated ones split separately so both halves have annotations) and never
   independently: the corpus's correlations are not kept);
 - ``quality``: the fit on the held-out split (:func:`fit_quality`): NLL per annotated dialogue of the persuadee's
   acts given the persuader's, fitted vs the hand-set model, and calibration of the donation rate and amount.
-
-A new fit is a new file (``p4g-fit-v2.json``); a shipped one never changes, so panels built on it stay comparable.
 """
 
 from __future__ import annotations
 
-import functools
 import hashlib
-import json
 import math
 from collections.abc import Sequence
 from dataclasses import asdict
-from importlib import resources
+from pathlib import Path
 from typing import Any
 
 import numpy as np
+import torch
 
+from simpop.envs.persuasion.corpus import Corpus, fit_params, load_corpus
+from simpop.envs.persuasion.likelihood import per_dialogue, reference_episodes, turns_of
 from simpop.envs.persuasion.model import AMOUNT_LEVELS, PersuadeeModel, PersuadeeParams, asked_inclinations
-from simpop.envs.persuasion.personas import (CATEGORIES, CATEGORICAL, DEFAULT_MARGINALS, NUMERIC, Marginal, Persona,
-                                             PersonaSampler)
+from simpop.envs.persuasion.personas import CATEGORIES, CATEGORICAL, DEFAULT_MARGINALS, NUMERIC, Marginal, Persona
+from simpop.envs.persuasion.release import FIT_VERSION
 
-#: The shipped fit's name (its file is ``data/<FIT_VERSION>.json``).
-FIT_VERSION = "p4g-fit-v1"
 #: Where the corpus comes from (the fit records the commit it read).
 CORPUS_REPOSITORY = "https://github.com/ohyj1002/persuasionforgood"
 CORPUS_COMMIT = "3fbc0df7bd2a081413cad6e6092e7c712efc26c4"
@@ -57,11 +52,9 @@ CALIBRATION_BINS = 5
 
 
 # ---------------------------------------------------------------------------------------------- fitting
-def split(corpus: Any, fraction: float = HELDOUT_FRACTION, seed: int = FIT_SEED) -> tuple[Any, Any]:
+def split(corpus: Corpus, fraction: float = HELDOUT_FRACTION, seed: int = FIT_SEED) -> tuple[Corpus, Corpus]:
     """(training, held-out) :class:`~simpop.envs.persuasion.corpus.Corpus`: ``fraction`` of the annotated and of the
     unannotated dialogues (each in dialogue-id order, permuted with ``seed``) are held out."""
-    from simpop.envs.persuasion.corpus import Corpus
-
     if not 0 < fraction < 1:
         raise ValueError(f"held-out fraction must be in (0, 1), got {fraction}")
     rng = np.random.default_rng(seed)
@@ -75,15 +68,6 @@ def split(corpus: Any, fraction: float = HELDOUT_FRACTION, seed: int = FIT_SEED)
     if not train or not held:
         raise ValueError(f"the corpus has {len(corpus.dialogues)} dialogues: too few to hold {fraction:.0%} out")
     return Corpus(tuple(train)), Corpus(tuple(held))
-
-
-def resample(corpus: Any, seed: int, index: int) -> Any:
-    """Bootstrap resample ``index`` of ``corpus`` (generator seeded with ``[seed, index]``)."""
-    from simpop.envs.persuasion.corpus import Corpus
-
-    rng = np.random.default_rng([seed, index])
-    n = len(corpus.dialogues)
-    return Corpus(tuple(corpus.dialogues[i] for i in rng.integers(n, size=n)))
 
 
 def persona_marginals(personas: Sequence[Persona]) -> dict[str, Marginal]:
@@ -115,10 +99,6 @@ def fit_release(corpus_dir: str, *, seed: int = FIT_SEED, fraction: float = HELD
         commit: The corpus repository's commit the files come from (recorded, not checked).
         command: The command that made it (recorded).
     """
-    from pathlib import Path
-
-    from simpop.envs.persuasion.corpus import fit_params, load_corpus
-
     if resamples < 1:
         raise ValueError(f"resamples must be >= 1, got {resamples}")
     corpus = load_corpus(corpus_dir)
@@ -138,7 +118,7 @@ def fit_release(corpus_dir: str, *, seed: int = FIT_SEED, fraction: float = HELD
                   "heldout_ids_sha256": hashlib.sha256("\n".join(sorted(d.id for d in held.dialogues)).encode()
                                                        ).hexdigest()},
         "point": _params_dict(point),
-        "resamples": [_params_dict(fit_params(resample(train, seed, i))) for i in range(resamples)],
+        "resamples": [_params_dict(fit_params(train.resample(seed, i))) for i in range(resamples)],
         "personas": {name: asdict(m) for name, m in persona_marginals(train.personas()).items()},
         "quality": fit_quality(point, held, seed=seed),
     }
@@ -148,20 +128,10 @@ def _params_dict(params: PersuadeeParams) -> dict[str, Any]:
     return {k: (list(v) if isinstance(v, tuple) else v) for k, v in asdict(params).items()}
 
 
-def params_of(data: dict[str, Any]) -> PersuadeeParams:
-    """:class:`PersuadeeParams` from a fit's ``point`` or ``resamples`` entry."""
-    fields: dict[str, Any] = {k: (tuple(v) if isinstance(v, list) else v) for k, v in data.items()}
-    return PersuadeeParams(**fields)
-
-
 # ---------------------------------------------------------------------------------------------- quality
 def dialogue_nll(params: PersuadeeParams, dialogues: Sequence[Any]) -> np.ndarray:
     """Per annotated dialogue with a scorable turn: the negative log-likelihood (nats) of its persuadee acts given
     its persuader acts under ``params`` (the realism anchor's measure, :func:`~.likelihood.reference_episodes`)."""
-    import torch  # torch (and the likelihood, which needs it) on first use: the envs do not load it
-
-    from simpop.envs.persuasion.likelihood import per_dialogue, reference_episodes, turns_of
-
     episodes = [e for e in reference_episodes(dialogues) if any(r >= 0 for _, r in e.turns)]
     theta = torch.as_tensor(params.to_vector(), dtype=torch.float64)
     with torch.no_grad():
@@ -177,7 +147,7 @@ def predicted_donations(params: PersuadeeParams, personas: Sequence[Persona], se
     model = PersuadeeModel(params)
     incl = asked_inclinations(params, [p for p in personas for _ in range(draws)], rng).reshape(len(personas), draws)
     p = 1.0 / (1.0 + np.exp(-incl))
-    amounts = np.array([[model.amount_probabilities(z) for z in row] for row in incl])  # [n, draws, levels]
+    amounts = model.amount_probabilities(incl.ravel()).reshape(*incl.shape, -1)  # [n, draws, levels]
     donors = (p[..., None] * amounts).sum(1)
     return p.mean(1), donors / donors.sum(1, keepdims=True)
 
@@ -209,7 +179,7 @@ def calibration(params: PersuadeeParams, dialogues: Sequence[Any], seed: int = F
             "amount_tv": float(0.5 * np.abs(predicted / predicted.sum() - observed / max(observed.sum(), 1)).sum())}
 
 
-def fit_quality(params: PersuadeeParams, held: Any, seed: int = FIT_SEED, bootstrap: int = 2000) -> dict[str, Any]:
+def fit_quality(params: PersuadeeParams, held: Corpus, seed: int = FIT_SEED, bootstrap: int = 2000) -> dict[str, Any]:
     """The fit ``params`` against the hand-set model on the held-out dialogues ``held``: mean NLL per annotated
     dialogue of each, their paired difference (fitted - hand-set) with a 95% bootstrap CI over dialogues, and
     :func:`calibration` of each."""
@@ -225,34 +195,3 @@ def fit_quality(params: PersuadeeParams, held: Any, seed: int = FIT_SEED, bootst
                                  "ci95": [float(np.quantile(means, 0.025)), float(np.quantile(means, 0.975))]},
             "calibration": {"fitted": calibration(params, held.dialogues, seed),
                             "hand_set": calibration(base, held.dialogues, seed)}}
-
-
-# ---------------------------------------------------------------------------------------------- shipped
-def release_path(version: str = FIT_VERSION):
-    """The shipped fit's file."""
-    return resources.files("simpop.envs.persuasion") / "data" / f"{version}.json"
-
-
-@functools.lru_cache(maxsize=2)
-def load_release(version: str = FIT_VERSION) -> dict[str, Any]:
-    """The shipped fit (see the module docstring)."""
-    path = release_path(version)
-    if not path.is_file():
-        raise ValueError(f"no shipped P4G fit {version!r} (simpop ships {FIT_VERSION})")
-    return json.loads(path.read_text(encoding="utf-8"))
-
-
-def shipped_params(index: int, version: str = FIT_VERSION) -> PersuadeeParams:
-    """Bootstrap resample ``index`` of the shipped fit (``persuadee:fitted-<index>`` without a corpus)."""
-    fits = load_release(version)["resamples"]
-    if not 0 <= index < len(fits):
-        raise ValueError(f"the shipped fit {version} has resamples fitted-0 .. fitted-{len(fits) - 1}; got fitted-"
-                         f"{index} (or give corpus=DIR to fit a resample of a corpus)")
-    return params_of(fits[index])
-
-
-def human_sampler(version: str = FIT_VERSION) -> PersonaSampler:
-    """A persona sampler with the shipped fit's corpus marginals (persona set ``human-<n>-<seed>``)."""
-    return PersonaSampler({name: Marginal(m["mean"], m["sd"], m["step"], tuple(m["weights"]))
-                           for name, m in load_release(version)["personas"].items()})
-

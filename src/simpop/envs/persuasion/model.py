@@ -282,14 +282,21 @@ _APPEAL_INDEX = np.array([_ER_INDEX[a] for a in APPEALS])
 _RESPONSE_SUPPORT = np.flatnonzero(~_DECISION_MASK)
 #: The outcomes :meth:`PersuadeeModel.distribution` lists, in its order: per decision verb, donating each amount
 #: level, then refusing; on other turns, the non-decision acts.
-_DECISION_OUTCOMES: dict[str, tuple[Outcome, ...]] = {
-    verb: (*((verb, float(a)) for a in AMOUNT_LEVELS), ("disagree-donation", 0.0))
-    for verb in ("provide-donation-amount", "agree-donation")}
-_RESPONSE_OUTCOMES: tuple[Outcome, ...] = tuple((PERSUADEE_ACTS[j], None) for j in _RESPONSE_SUPPORT)
+_OUTCOME_GROUPS: tuple[tuple[Outcome, ...], ...] = (
+    *((*((verb, float(a)) for a in AMOUNT_LEVELS), ("disagree-donation", 0.0))
+      for verb in ("provide-donation-amount", "agree-donation")),
+    tuple((PERSUADEE_ACTS[j], None) for j in _RESPONSE_SUPPORT))
+#: Per persuader act, the index of its replies' outcomes in :data:`_OUTCOME_GROUPS`.
+_OUTCOME_GROUP = {a: 0 if a == "ask-donation-amount" else 1 if a in ASKING_ACTS else 2 for a in PERSUADER_ACTS}
 
 
 class PersuadeeModel:
-    """The decision and response model for given :class:`PersuadeeParams` (stateless; see :class:`PersuadeeState`)."""
+    """The decision and response model for given :class:`PersuadeeParams` (stateless; see :class:`PersuadeeState`).
+
+    It works on batches: :meth:`update_rows` advances many dialogues' :class:`PersuadeeStates`, :meth:`probabilities`
+    gives their reply distributions and :meth:`respond_batch` draws their replies. The one-dialogue calls
+    (:meth:`update`, :meth:`distribution`, :meth:`respond`, ...) are those on a batch of one.
+    """
 
     def __init__(self, params: PersuadeeParams | None = None):
         self.params = params or PersuadeeParams()
@@ -317,30 +324,14 @@ class PersuadeeModel:
             if MODULATORS[a] else 1.0 for a, m in zip(PERSUADER_ACTS, p.modulation))
         return PersuadeeState(float(base), 0.0, (0,) * len(PERSUADER_ACTS), multipliers)
 
-    def update(self, state: PersuadeeState, act: str) -> PersuadeeState:
-        """The state after hearing persuader ``act``."""
-        p = self.params
-        i = _ER_INDEX[act]
-        n = state.counts[i]
-        effect = self._effects[i] * state.multipliers[i]
-        if IS_APPEAL[i]:
-            effect *= 1.0 + p.rapport_boost * state.rapport
-        inclination = state.inclination + effect * p.repeat_decay ** n - p.repeat_penalty * n
-        if act in ASKING_ACTS and not any(state.counts[_ER_INDEX[a]] for a in APPEALS):
-            inclination -= p.premature_penalty
-        rapport = state.rapport
-        if act in RAPPORT_ACTS:
-            rapport = min(1.0, rapport + p.rapport_gain * state.multipliers[i] * p.repeat_decay ** n)
-        counts = state.counts[:i] + (n + 1,) + state.counts[i + 1:]
-        return PersuadeeState(float(inclination), float(rapport), counts, state.multipliers)
-
+    # ------------------------------------------------------------------ state
     def update_rows(self, states: PersuadeeStates, rows: np.ndarray, acts: Sequence[str]) -> None:
-        """:meth:`update` of row ``rows[k]`` of ``states`` by ``acts[k]``, in place, for all rows at once (the
-        same floating-point operations in the same order, so the same numbers; rows must be distinct)."""
+        """Row ``rows[k]`` of ``states`` hears persuader act ``acts[k]``, in place, for all rows at once (rows must
+        be distinct; the torch :func:`~simpop.envs.persuasion.likelihood.replay` is tested equal to it)."""
         rows = np.asarray(rows, dtype=np.int64)
         if len(rows) != len(acts):
             raise ValueError(f"update_rows needs one act per row, got {len(rows)} rows and {len(acts)} acts")
-        if len(np.unique(rows)) != len(rows):
+        if len(set(rows.tolist())) != len(rows):
             raise ValueError("update_rows needs distinct rows (one act per dialogue)")
         p = self.params
         i = np.array([_ER_INDEX[a] for a in acts], dtype=np.int64)
@@ -357,184 +348,147 @@ class PersuadeeModel:
                                         rapport)
         states.counts[rows, i] = n + 1
 
+    def update(self, state: PersuadeeState, act: str) -> PersuadeeState:
+        """The state after hearing persuader ``act`` (:meth:`update_rows` of one)."""
+        states = PersuadeeStates.of([state])
+        self.update_rows(states, np.zeros(1, np.int64), [act])
+        return states[0]
+
     def _decay_powers(self, up_to: int) -> np.ndarray:
-        """``repeat_decay ** k`` for k = 0..up_to, each as Python's float power (:meth:`update`) computes it."""
+        """``repeat_decay ** k`` for k = 0..up_to, each as Python's float power computes it."""
         if len(self._decay) <= up_to:
             self._decay = np.array([self.params.repeat_decay ** k for k in range(max(up_to + 1, 2 * len(self._decay)))])
         return self._decay
 
+    # ------------------------------------------------------------------ reply distributions
+    def probabilities(self, incl: np.ndarray, acts: Sequence[str], temperature: float = 1.0
+                      ) -> list[tuple[np.ndarray, tuple[Outcome, ...], np.ndarray]]:
+        """Every row's reply distribution (inclination ``incl[k]``, the state already including persuader act
+        ``acts[k]``), as groups of rows with the same outcomes: ``(rows, outcomes, probabilities [len(rows),
+        len(outcomes)])``. Asking acts get a decision (donate each of :data:`AMOUNT_LEVELS`, or refuse with 0.0),
+        other acts a non-decision act with amount None. Temperature 0 is greedy (one-hot: every argmax)."""
+        groups = []
+        for rows, probs in self._probabilities(incl, acts, temperature):
+            kind = np.array([_OUTCOME_GROUP[acts[i]] for i in rows.tolist()], dtype=np.int64)
+            for k in np.unique(kind).tolist():
+                groups.append((rows[kind == k], _OUTCOME_GROUPS[k], probs[kind == k]))
+        return groups
+
+    def _probabilities(self, incl: np.ndarray, acts: Sequence[str], temperature: float
+                       ) -> list[tuple[np.ndarray, np.ndarray]]:
+        """``(rows, probabilities)`` of the decision rows (asking acts; the amount levels, then refusing) and of the
+        other rows (:data:`_RESPONSE_SUPPORT`), each left out when it has no row."""
+        if temperature < 0:
+            raise ValueError(f"temperature must be >= 0 (0 = greedy), got {temperature}")
+        incl = np.asarray(incl, dtype=np.float64)
+        asking = np.array([a in ASKING_ACTS for a in acts], dtype=bool)
+        out = []
+        rows = np.flatnonzero(asking)
+        if rows.size:
+            donate = self._donate(incl[rows], temperature)
+            out.append((rows, np.concatenate([donate[:, None] * self.amount_probabilities(incl[rows], temperature),
+                                              (1.0 - donate)[:, None]], axis=1)))
+        rows = np.flatnonzero(~asking)
+        if rows.size:
+            logits = (self._responses[[_ER_INDEX[acts[i]] for i in rows.tolist()]]
+                      + self.params.sentiment_slope * incl[rows, None] * _SENTIMENT_SIGN)
+            out.append((rows, _softmax_rows(np.where(_DECISION_MASK, -np.inf, logits), temperature)[:, _RESPONSE_SUPPORT]))
+        return out
+
+    def _donate(self, incl: np.ndarray, temperature: float) -> np.ndarray:
+        """Per row, the probability of donating if asked now (temperature 0: 1 iff the inclination is positive)."""
+        if temperature == 0:
+            return (incl > 0).astype(np.float64)
+        return np.array([_sigmoid(float(x) / temperature) for x in incl])  # math.exp: the shipped numbers
+
+    def amount_probabilities(self, inclination: float | np.ndarray, temperature: float = 1.0) -> np.ndarray:
+        """Donors' distribution over :data:`AMOUNT_LEVELS` (temperature 0 = one-hot argmax); one row per
+        inclination of an array."""
+        z = np.asarray(inclination, dtype=np.float64)
+        logits = self._amount_logits + (self.params.amount_shift + self.params.amount_slope * np.atleast_1d(z)
+                                        )[:, None] * _U
+        probs = _softmax_rows(logits, temperature)
+        return probs if z.ndim else probs[0]
+
     def donate_probability(self, state: PersuadeeState, temperature: float = 1.0) -> float:
         """Probability of donating if asked now (temperature 0 = greedy: 1 iff inclination > 0)."""
-        if temperature == 0:
-            return float(state.inclination > 0)
-        return _sigmoid(state.inclination / temperature)
-
-    def amount_probabilities(self, inclination: float, temperature: float = 1.0) -> np.ndarray:
-        """Donors' distribution over :data:`AMOUNT_LEVELS` (temperature 0 = one-hot argmax)."""
-        logits = self._amount_logits + (self.params.amount_shift + self.params.amount_slope * inclination) * _U
-        return _softmax(logits, temperature)
+        return float(self._donate(np.array([state.inclination]), temperature)[0])
 
     def response_probabilities(self, inclination: float, act: str, temperature: float = 1.0) -> np.ndarray:
         """Distribution over :data:`PERSUADEE_ACTS` on a non-decision turn (decision acts get 0)."""
-        logits = self._responses[_ER_INDEX[act]] + self.params.sentiment_slope * inclination * _SENTIMENT_SIGN
-        return _softmax(np.where(_DECISION_MASK, -np.inf, logits), temperature)
+        if act in ASKING_ACTS:
+            raise ValueError(f"{act!r} asks for a decision; response probabilities are for the other acts")
+        (_, _, probs), = self.probabilities(np.array([inclination]), [act], temperature)
+        out = np.zeros(len(PERSUADEE_ACTS))
+        out[_RESPONSE_SUPPORT] = probs[0]
+        return out
 
     def distribution(self, state: PersuadeeState, act: str, temperature: float = 1.0) -> list[tuple[Outcome, float]]:
-        """Every possible reply to persuader ``act`` with its probability; ``state`` already includes ``act``.
+        """Every possible reply to persuader ``act`` with its probability (:meth:`probabilities` of one); ``state``
+        already includes ``act``. Zero-probability outcomes are left out."""
+        (_, outcomes, probs), = self.probabilities(np.array([state.inclination]), [act], temperature)
+        return [(o, float(q)) for o, q in zip(outcomes, probs[0]) if q > 0]
 
-        Asking acts get a decision (donate one of :data:`AMOUNT_LEVELS`, or refuse with 0.0); other acts a
-        non-decision act with amount None. Zero-probability outcomes are left out.
-        """
-        if act in ASKING_ACTS:
-            donate = self.donate_probability(state, temperature)
-            verb = "provide-donation-amount" if act == "ask-donation-amount" else "agree-donation"
-            out = [((verb, float(a)), donate * q) for a, q in zip(AMOUNT_LEVELS, self.amount_probabilities(
-                state.inclination, temperature))]
-            out.append((("disagree-donation", 0.0), 1.0 - donate))
-        else:
-            probs = self.response_probabilities(state.inclination, act, temperature)
-            out = [((ee, None), float(q)) for ee, q in zip(PERSUADEE_ACTS, probs)]  # type: ignore[misc]  # no amount
-        return [(o, float(q)) for o, q in out if q > 0]
-
-    def respond(self, state: PersuadeeState, act: str, rng: np.random.Generator, temperature: float = 1.0) -> Outcome:
-        """Sample a reply (temperature 0: the most likely reply, drawing nothing from ``rng``)."""
-        outcomes = self.distribution(state, act, temperature)
+    def distribution_batch(self, incl: np.ndarray, acts: Sequence[str], temperature: float = 1.0
+                           ) -> list[tuple[np.ndarray, tuple[Outcome, ...], np.ndarray]]:
+        """:meth:`probabilities` of the rows whose distribution has no zero (greedy, or underflow: :meth:`distribution`
+        leaves those outcomes out); the other rows are in no group (none at temperature 0)."""
         if temperature == 0:
-            return max(outcomes, key=lambda o: o[1])[0]
-        probs = np.array([q for _, q in outcomes])
-        return outcomes[int(rng.choice(len(outcomes), p=probs / probs.sum()))][0]
+            return []
+        return [(rows[ok], outcomes, probs[ok]) for rows, outcomes, probs in self.probabilities(incl, acts, temperature)
+                if (ok := (probs > 0).all(axis=1)).any()]
 
-
+    # ------------------------------------------------------------------ replies
     def respond_batch(self, states: Sequence[PersuadeeState] | PersuadeeStates, acts: Sequence[str],
                       rngs: Sequence[np.random.Generator], temperature: float = 1.0) -> list[Outcome]:
-        """:meth:`respond` for many dialogues at once: the same replies and the same draws from each ``rngs[i]``.
-
-        The reply distributions of all rows are computed with numpy over the batch; each sampled row draws
-        one uniform from its own generator (exactly what ``Generator.choice`` draws) and inverts the
-        distribution's CDF, normalised in the same order as :meth:`respond`, so trajectories are identical
-        to per-dialogue :meth:`respond`. A row whose support lost an outcome to underflow (a probability
-        of exactly 0, which :meth:`distribution` drops) is answered by :meth:`respond` itself.
-        """
+        """Each state's reply to its act (the state already including it), drawn from its distribution with its own
+        generator: one ``random()`` per row, exactly what ``rngs[k].choice(len(outcomes), p=...)`` over
+        :meth:`distribution`'s outcomes draws and picks (temperature 0: the most likely reply, nothing drawn)."""
         n = len(states)
         if not n == len(acts) == len(rngs):
             raise ValueError(f"respond_batch needs one act and one generator per state, got {n}, {len(acts)}, "
                              f"{len(rngs)}")
-        if temperature < 0:
-            raise ValueError(f"temperature must be >= 0 (0 = greedy), got {temperature}")
-        out: list[Outcome | None] = [None] * n
         incl = (states.inclination if isinstance(states, PersuadeeStates)
                 else np.array([s.inclination for s in states]))
-        asking = np.array([a in ASKING_ACTS for a in acts], dtype=bool)
-        for rows, fill in ((np.flatnonzero(asking), self._decisions_batch),
-                           (np.flatnonzero(~asking), self._responses_batch)):
-            if rows.size:
-                fill(rows, incl, acts, rngs, temperature, out)
-        for i in (i for i, o in enumerate(out) if o is None):  # underflow fallback (exact, per dialogue)
-            out[i] = self.respond(states[i], acts[i], rngs[i], temperature)
-        return out  # type: ignore[return-value]
+        out: list[Outcome] = [("", None)] * n
+        for rows, probs in self._probabilities(incl, acts, temperature):
+            picks = np.argmax(probs, axis=1) if temperature == 0 else _draw(probs, rows, rngs)
+            for i, c in zip(rows.tolist(), picks.tolist()):
+                out[i] = _OUTCOME_GROUPS[_OUTCOME_GROUP[acts[i]]][c]
+        return out
 
-    def distribution_batch(self, incl: np.ndarray, acts: Sequence[str], temperature: float = 1.0
-                           ) -> list[tuple[np.ndarray, tuple[Outcome, ...], np.ndarray]]:
-        """:meth:`distribution` of many states at once (inclinations ``incl``, each state already including its
-        act in ``acts``), the same numbers, as groups of rows with the same outcomes: ``(rows, outcomes,
-        probabilities [len(rows), len(outcomes)])``. Rows whose distribution has a zero (greedy, or underflow:
-        :meth:`distribution` leaves those outcomes out) are in no group."""
-        if temperature < 0:
-            raise ValueError(f"temperature must be >= 0 (0 = greedy), got {temperature}")
-        if temperature == 0:
-            return []
-        groups = []
-        asking = np.array([a in ASKING_ACTS for a in acts], dtype=bool)
-        amount = np.array([a == "ask-donation-amount" for a in acts], dtype=bool)
-        for rows, outcomes in ((np.flatnonzero(amount), _DECISION_OUTCOMES["provide-donation-amount"]),
-                               (np.flatnonzero(asking & ~amount), _DECISION_OUTCOMES["agree-donation"])):
-            if rows.size:
-                groups.append((rows, outcomes, self._decision_probabilities(incl[rows], temperature)))
-        rows = np.flatnonzero(~asking)
-        if rows.size:
-            groups.append((rows, _RESPONSE_OUTCOMES, self._response_probabilities(incl[rows], acts, rows, temperature)))
-        return [(rows[ok], outcomes, probs[ok]) for rows, outcomes, probs in groups
-                if (ok := (probs > 0).all(axis=1)).any()]
-
-    def _amount_logits_rows(self, z: np.ndarray) -> np.ndarray:
-        return self._amount_logits + (self.params.amount_shift + self.params.amount_slope * z)[:, None] * _U
-
-    def _decision_probabilities(self, z: np.ndarray, temperature: float) -> np.ndarray:
-        """Per row (inclination ``z``), donating each of :data:`AMOUNT_LEVELS`, then refusing (temperature > 0)."""
-        amounts = _softmax_rows(self._amount_logits_rows(z), temperature)
-        donate = np.array([_sigmoid(float(x) / temperature) for x in z])  # math.exp, as respond
-        return np.concatenate([donate[:, None] * amounts, (1.0 - donate)[:, None]], axis=1)
-
-    def _response_logits(self, incl: np.ndarray, acts: Sequence[str], rows: np.ndarray) -> np.ndarray:
-        logits = (self._responses[[_ER_INDEX[acts[i]] for i in rows]]
-                  + self.params.sentiment_slope * incl[:, None] * _SENTIMENT_SIGN)
-        return np.where(_DECISION_MASK, -np.inf, logits)
-
-    def _response_probabilities(self, incl: np.ndarray, acts: Sequence[str], rows: np.ndarray,
-                                temperature: float) -> np.ndarray:
-        """Per row (inclination ``incl``, act ``acts[rows[k]]``), each act of the non-decision support."""
-        return _softmax_rows(self._response_logits(incl, acts, rows), temperature)[:, _RESPONSE_SUPPORT]
-
-    def _decisions_batch(self, rows: np.ndarray, incl: np.ndarray, acts: Sequence[str],
-                         rngs: Sequence[np.random.Generator], temperature: float, out: list) -> None:
-        """Decision replies of ``rows`` (asking acts) into ``out``."""
-        z = incl[rows]
-        verbs = ["provide-donation-amount" if acts[i] == "ask-donation-amount" else "agree-donation" for i in rows]
-        if temperature == 0:
-            level = np.argmax(self._amount_logits_rows(z), axis=1)
-            for k, i in enumerate(rows):
-                out[i] = (verbs[k], float(AMOUNT_LEVELS[level[k]])) if z[k] > 0 else ("disagree-donation", 0.0)
-            return
-        choice = _draw(self._decision_probabilities(z, temperature), rows, rngs)
-        for k, i in enumerate(rows):
-            if choice[k] >= 0:
-                out[i] = ((verbs[k], float(AMOUNT_LEVELS[choice[k]])) if choice[k] < len(AMOUNT_LEVELS)
-                          else ("disagree-donation", 0.0))
-
-    def _responses_batch(self, rows: np.ndarray, incl: np.ndarray, acts: Sequence[str],
-                         rngs: Sequence[np.random.Generator], temperature: float, out: list) -> None:
-        """Non-decision replies of ``rows`` into ``out``."""
-        if temperature == 0:
-            for i, j in zip(rows, np.argmax(self._response_logits(incl[rows], acts, rows), axis=1)):
-                out[i] = (PERSUADEE_ACTS[j], None)
-            return
-        choice = _draw(self._response_probabilities(incl[rows], acts, rows, temperature), rows, rngs)
-        for i, c in zip(rows, choice):
-            if c >= 0:
-                out[i] = (PERSUADEE_ACTS[_RESPONSE_SUPPORT[c]], None)
+    def respond(self, state: PersuadeeState, act: str, rng: np.random.Generator, temperature: float = 1.0) -> Outcome:
+        """One reply (:meth:`respond_batch` of one)."""
+        return self.respond_batch([state], [act], [rng], temperature)[0]
 
 
 def _softmax_rows(logits: np.ndarray, temperature: float) -> np.ndarray:
-    """:func:`_softmax` of each row (temperature > 0), elementwise the same operations."""
+    """The softmax of each row at ``temperature`` (0: one-hot at the row's argmax)."""
+    if temperature == 0:
+        out = np.zeros_like(logits, dtype=np.float64)
+        out[np.arange(len(logits)), np.argmax(logits, axis=1)] = 1.0
+        return out
     z = logits / temperature
     z = np.exp(z - np.max(z, axis=1, keepdims=True))
     return z / z.sum(axis=1, keepdims=True)
 
 
 def _draw(probs: np.ndarray, rows: np.ndarray, rngs: Sequence[np.random.Generator]) -> np.ndarray:
-    """Per row, the index ``rngs[row].choice(k, p=p / p.sum())`` returns (-1 where a probability is 0; no draw
-    there, for :meth:`PersuadeeModel.respond` to answer)."""
+    """Per row ``k``, the index ``rngs[rows[k]].choice`` picks over the row's non-zero outcomes (normalised), as an
+    index into the row."""
     ok = (probs > 0).all(axis=1)
     p = probs[ok]
-    choice = np.full(len(rows), -1, dtype=np.int64)
+    choice = np.empty(len(rows), dtype=np.int64)
     choice[ok] = choice_rows(p / p.sum(axis=1, keepdims=True), np.array([rngs[i].random() for i in rows[ok]]))
+    for k in np.flatnonzero(~ok):  # an outcome underflowed to 0: drawn over the others, normalised without it
+        support = np.flatnonzero(probs[k] > 0)
+        q = probs[k, support]
+        choice[k] = support[int(rngs[rows[k]].choice(len(q), p=q / q.sum()))]
     return choice
 
 
 def _sigmoid(x: float) -> float:
     return 1.0 / (1.0 + math.exp(-x)) if x >= 0 else math.exp(x) / (1.0 + math.exp(x))
-
-
-def _softmax(logits: np.ndarray, temperature: float) -> np.ndarray:
-    if temperature < 0:
-        raise ValueError(f"temperature must be >= 0 (0 = greedy), got {temperature}")
-    if temperature == 0:
-        out = np.zeros_like(logits, dtype=float)
-        out[int(np.argmax(logits))] = 1.0
-        return out
-    z = logits / temperature
-    z = np.exp(z - np.max(z))
-    return z / z.sum()
 
 
 # ---------------------------------------------------------------------------------------------- calibration
@@ -558,22 +512,21 @@ def asked_inclinations(params: PersuadeeParams, personas: Sequence[Persona], rng
                        max_turns: int = 10) -> np.ndarray:
     """Each persona's inclination when a :func:`reference_persuader` first asks (with ``params``' intercept)."""
     model = PersuadeeModel(params)
-    out = []
-    for persona in personas:
-        state = model.initial_state(persona)
-        for act in reference_persuader(rng, max_turns):
-            state = model.update(state, act)
-            if act in ASKING_ACTS:
-                break
-        out.append(state.inclination)
-    return np.array(out)
+    dialogues = [reference_persuader(rng, max_turns) for _ in personas]
+    # Each dialogue is heard up to its first asking act, all dialogues turn by turn.
+    heard = [next((k + 1 for k, act in enumerate(d) if act in ASKING_ACTS), len(d)) for d in dialogues]
+    states = PersuadeeStates.of([model.initial_state(p) for p in personas])
+    for turn in range(max(heard, default=0)):
+        rows = np.array([i for i, n in enumerate(heard) if turn < n], dtype=np.int64)
+        model.update_rows(states, rows, [dialogues[i][turn] for i in rows])
+    return states.inclination
 
 
 def expected_outcomes(params: PersuadeeParams, inclinations: np.ndarray) -> tuple[float, float]:
     """(donor rate, mean donation) when personas with these inclinations are asked once."""
     model = PersuadeeModel(params)
     p = 1.0 / (1.0 + np.exp(-inclinations))
-    amounts = np.array([model.amount_probabilities(z) @ _AMOUNTS for z in inclinations])
+    amounts = np.array([row @ _AMOUNTS for row in model.amount_probabilities(inclinations)])
     return float(p.mean()), float((p * amounts).mean())
 
 

@@ -14,8 +14,10 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from simpop.envs.persuasion.fitted import human_sampler
+from simpop.envs.persuasion.corpus import cached_corpus
+from simpop.envs.persuasion.failures import persona_set as generated
 from simpop.envs.persuasion.personas import Persona, PersonaSampler, modal_persona
+from simpop.envs.persuasion.release import human_sampler
 
 DONATION_CONTEXT = (
     "This chat is part of a paid online study. The persuadee earns $2 for the task and may donate any part "
@@ -63,12 +65,8 @@ def persona_set(name: str, training: tuple[Persona, ...]) -> tuple[Persona, ...]
     if name == "modal":
         return (modal_persona(),)
     if name.startswith("corpus:"):  # the real persuadees of a P4G corpus folder
-        from simpop.envs.persuasion.corpus import cached_corpus
-
         return tuple(cached_corpus(name.partition(":")[2]).personas())
     if name.startswith(("region-", "written-")):  # generated from lost dialogues (failures.py)
-        from simpop.envs.persuasion.failures import persona_set as generated
-
         return generated(name)
     prefix, *rest = name.split("-")
     if name == "heldout":
@@ -101,7 +99,5 @@ def default_scenarios(n: int = 200, seed: int = 2019) -> tuple[PersuasionScenari
 @functools.lru_cache(maxsize=4)
 def corpus_scenarios(corpus_dir: str) -> tuple[PersuasionScenario, ...]:
     """One scenario per corpus dialogue with a persuadee persona: ``p4g-corpus-<dialogue id>``."""
-    from simpop.envs.persuasion.corpus import cached_corpus
-
     corpus = cached_corpus(corpus_dir)
     return tuple(PersuasionScenario(f"p4g-corpus-{d.id}", d.persuadee_persona) for d in corpus.dialogues)

@@ -33,13 +33,14 @@ import numpy as np
 from simpop.envs.dialogue import parse_observation
 from simpop.envs.persuasion.acts import (ASKING_ACTS, DONATING_ACTS, PERSUADER_ACTS, STRATEGIES, classify_persuader,
                                          render_persuadee)
-from simpop.envs.persuasion.codec import encode_persuadee_action, last_persuader_act
+from simpop.envs.persuasion.codec import encode_persuadee_action, last_persuader_acts
+from simpop.envs.persuasion.corpus import cached_corpus, fit_params
 from simpop.envs.persuasion.env import PersuasionActEnv
-from simpop.envs.persuasion.fitted import resample, shipped_params
 from simpop.envs.persuasion.model import (Outcome, PersuadeeModel, PersuadeeParams, PersuadeeState, PersuadeeStates,
                                           calibrate)
 from simpop.envs.persuasion.outcome import read_survey_answer
 from simpop.envs.persuasion.personas import Persona
+from simpop.envs.persuasion.release import shipped_params
 from simpop.seat import (SCENARIO_PERSONAS, BuildContext, DistributionalSimulator, Simulator, SimulatorSpec, Survey,
                          survey_of)
 
@@ -140,24 +141,24 @@ class ActPersuadee(_ModelPersuadee, DistributionalSimulator):
     """
 
     def act_batch(self, observations: list[Any], slots: list[int]) -> list[int]:
-        acts = _heard_batch(observations)
+        acts = _heard(observations)
         return [encode_persuadee_action(*outcome) for outcome in self._reply_batch(slots, acts)]
 
     def distribution(self, observation: Any, slot: int = 0) -> list[tuple[int, float]]:
-        act = _heard(observation)
+        act, = _heard([observation])
         state = self.model.update(self.state(slot), act)
         return [(encode_persuadee_action(*o), p) for o, p in self.model.distribution(state, act, self.temperature)]
 
     def commit(self, observation: Any, slot: int = 0, action: Any = None) -> None:
         """Advance the slot's state past the persuader act in ``observation`` (the reply does not move it)."""
-        self._states[slot] = self.model.update(self.state(slot), _heard(observation))
+        self._states[slot] = self.model.update(self.state(slot), *_heard([observation]))
 
     def distribution_batch(self, observations: list[Any], slots: list[int]
                            ) -> list[tuple[np.ndarray, list[int], np.ndarray]]:
         """:meth:`distribution` of many slots at once, the same numbers, in groups sharing their actions:
         ``(indices into the batch, actions, probabilities [n, len(actions)])``. Indices in no group (a
         distribution with a zero, which :meth:`distribution` leaves out) need :meth:`distribution`."""
-        acts = _heard_batch(observations)
+        acts = _heard(observations)
         states = self._states.take(np.asarray(slots, dtype=np.int64))
         self.model.update_rows(states, np.arange(len(slots)), acts)
         return [(rows, [encode_persuadee_action(*o) for o in outcomes], probs)
@@ -165,7 +166,7 @@ class ActPersuadee(_ModelPersuadee, DistributionalSimulator):
 
     def commit_batch(self, observations: list[Any], slots: list[int], actions: list[Any]) -> None:
         """:meth:`commit` of many slots at once (distinct slots)."""
-        self.model.update_rows(self._states, np.asarray(slots, dtype=np.int64), _heard_batch(observations))
+        self.model.update_rows(self._states, np.asarray(slots, dtype=np.int64), _heard(observations))
 
 
 class TextPersuadee(_ModelPersuadee):
@@ -253,24 +254,12 @@ def _donating_share(outcomes: list[tuple[Outcome, float]]) -> float:
     return sum(q for (_, amount), q in outcomes if amount is not None and amount > 0) / total
 
 
-def _heard_batch(observations: list[Any]) -> list[str]:
-    """:func:`_heard` of every observation (one argmax over the stacked rows)."""
-    if not observations:
-        return []
-    heads = np.asarray(observations)
-    if heads.ndim != 2:
-        return [_heard(obs) for obs in observations]
-    index = np.argmax(heads[:, :len(PERSUADER_ACTS) + 1], axis=1)
-    if (index == len(PERSUADER_ACTS)).any():
+def _heard(observations: list[Any]) -> list[str]:
+    """The persuader act each persuadee observation answers."""
+    acts = last_persuader_acts(observations)
+    if None in acts:
         raise ValueError("the persuadee observation reports no persuader act yet; the persuader speaks first")
-    return [PERSUADER_ACTS[i] for i in index.tolist()]
-
-
-def _heard(observation: Any) -> str:
-    act = last_persuader_act(np.asarray(observation))
-    if act is None:
-        raise ValueError("the persuadee observation reports no persuader act yet; the persuader speaks first")
-    return act
+    return [act for act in acts if act is not None]
 
 
 def model_params(model: str, personas: Sequence[Persona] | None, jitter: float = HELDOUT_JITTER,
@@ -320,11 +309,9 @@ def _model_params(model: str, personas: tuple[Persona, ...] | None, jitter: floa
 @functools.lru_cache(maxsize=16)
 def _fitted(corpus: str, seed: int, index: int) -> PersuadeeParams:
     """Parameters fitted to bootstrap resample ``index`` of the corpus in folder ``corpus`` (none: the shipped fit)."""
-    from simpop.envs.persuasion.corpus import cached_corpus, fit_params
-
     if not corpus:
         return shipped_params(index)
-    return fit_params(resample(cached_corpus(corpus), seed, index))
+    return fit_params(cached_corpus(corpus).resample(seed, index))
 
 
 def _shuffled_strategies(base: PersuadeeParams, rng: np.random.Generator) -> dict[str, tuple[float, ...]]:

@@ -242,6 +242,7 @@ async function start() {
   catch (error) { notice(error.message); return; }
   paragraphs("consent-text", state.info.consent);
   questions(state.info.questionnaire);
+  $("shown").hidden = !state.info.questionnaire_to_policy;
   $("attention").hidden = !state.info.attention;
   $("attention-question").textContent = state.info.attention || "";
   if (state.info.mode === "self") {

@@ -262,8 +262,7 @@ def ablation_section(conditions: Mapping[str, Any], current: str = "target") -> 
         cells = []
         for metric in panels:
             d = row.get(metric)
-            cells += [_cell(metrics.get(metric)),
-                      "n/a" if d is None else f"{d['mean']:+.3f} [{d['ci_low']:+.3f}, {d['ci_high']:+.3f}]"]
+            cells += [cell(metrics.get(metric)), cell(d, signed=True)]
         lines.append(f"| {row['condition']} | {row['base']} | " + " | ".join(cells) + " |")
     objective, reason = choose_objective(rows, current)
     return "\n".join(lines + ["", f"Default objective by the pre-stated rule: **{objective}** ({reason})."])
@@ -362,10 +361,13 @@ def curve_section(curve: Mapping[str, Any] | None) -> str:
 
 
 # ============================================================================================ markdown
-def _cell(s: Mapping[str, Any] | None, digits: int = 3) -> str:
-    if s is None or not math.isfinite(s["mean"]):  # None: a summary written before the metric existed
+def cell(s: Mapping[str, Any] | None, digits: int = 3, signed: bool = False) -> str:
+    """A statistic as ``mean [ci_low, ci_high]`` (``signed``: with signs, for a difference), the experiments' one
+    table cell; ``n/a`` for None (a summary written before the metric existed) or a mean that is not finite."""
+    if s is None or not math.isfinite(s["mean"]):
         return "n/a"
-    return f"{s['mean']:.{digits}f} [{s['ci_low']:.{digits}f}, {s['ci_high']:.{digits}f}]"
+    sign = "+" if signed else ""
+    return f"{s['mean']:{sign}.{digits}f} [{s['ci_low']:{sign}.{digits}f}, {s['ci_high']:{sign}.{digits}f}]"
 
 
 def summary_table(conditions: Mapping[str, Any]) -> str:
@@ -375,7 +377,7 @@ def summary_table(conditions: Mapping[str, Any]) -> str:
     head = "| condition | " + " | ".join(SUMMARY_METRICS[m] for m in shown) + " |"
     rows = [head, "|" + "---|" * (len(shown) + 1)]
     for name, cond in conditions.items():
-        rows.append(f"| {name} | " + " | ".join(_cell(cond["metrics"].get(m)) for m in shown) + " |")
+        rows.append(f"| {name} | " + " | ".join(cell(cond["metrics"].get(m)) for m in shown) + " |")
     return "\n".join(rows)
 
 
@@ -404,10 +406,10 @@ def people_section(conditions: Mapping[str, Any]) -> str:
         gap = _compare(conditions, "", (name, "human_success"), (name, "train_success"))
         versus = (_compare(conditions, "", (name, "human_success"), (FROZEN, "human_success"))
                   if FROZEN in conditions and name != FROZEN else None)
-        lines.append(f"| {name} | {_cell(m.get('train_success'))} | {_cell(m.get('human_success'))} | "
+        lines.append(f"| {name} | {cell(m.get('train_success'))} | {cell(m.get('human_success'))} | "
                      f"{gap.mean:+.3f} [{gap.ci_low:+.3f}, {gap.ci_high:+.3f}] | "
                      + (f"{versus.mean:+.3f} [{versus.ci_low:+.3f}, {versus.ci_high:+.3f}]" if versus else "")
-                     + f" | {_cell(m.get('realism_index'))} |")
+                     + f" | {cell(m.get('realism_index'))} |")
     return "\n".join(lines)
 
 
@@ -449,7 +451,7 @@ def render_report(summary: Mapping[str, Any], verdicts: Sequence[Verdict], plots
         ("" if verdicts else f"Not judged: the claims compare {FROZEN} with the fixes ({', '.join(FIXES)}), and this "
                              "run lacks one side. ")
         + "Each claim is tested with paired differences (by seed; with one seed by dialogue or update; see "
-        "`simpop.evaluation.report`): "
+        "`simpop.experiments.collapse_report`): "
         "*reproduced* = every comparison's CI lies above 0; *not reproduced* = some comparison's mean "
         "goes the other way; *inconclusive* = the right direction without significance. "
         + (", ".join(f"{n} {k}" for k, n in counts.items()) + "." if counts else ""),
@@ -506,8 +508,9 @@ def curves(records: Sequence[Mapping[str, Any]], kind: str, metric: str
     return out
 
 
-def plot_curves(records: Sequence[Mapping[str, Any]], out_dir: str | Path, order: Sequence[str] = ()) -> list[Path]:
-    """Write one PNG per :data:`PLOTS` entry (a line per condition, 95% CI band over seeds)."""
+def plot_curves(records: Sequence[Mapping[str, Any]], out_dir: str | Path, order: Sequence[str] = (),
+                plots: Sequence[tuple[str, str, str, str, tuple[float, float | None]]] = PLOTS) -> list[Path]:
+    """Write one PNG per ``plots`` entry (as in :data:`PLOTS`; a line per condition, 95% CI band over seeds)."""
     import matplotlib
 
     matplotlib.use("Agg")  # files only, no display
@@ -515,7 +518,7 @@ def plot_curves(records: Sequence[Mapping[str, Any]], out_dir: str | Path, order
 
     out_dir = Path(out_dir)
     paths = []
-    for stem, kind, metric, label, (low, high) in PLOTS:
+    for stem, kind, metric, label, (low, high) in plots:
         data = curves(records, kind, metric)
         if not data:
             continue

@@ -5,10 +5,11 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from simpop.evaluation.report import (CONTRADICTS, INCONCLUSIVE, NOT_REPRODUCED, REPRODUCED, SAME_DIRECTION, SUPPORTS,
-                                      Comparison, ablation, ablation_section, choose_objective, collapse_curve,
-                                      convergence_note, curve_section, curves, judge_claims, judged, plot_curves,
-                                      plot_per_seed, render_report, stat, summary_table)
+from simpop.experiments.collapse_report import (CONTRADICTS, INCONCLUSIVE, NOT_REPRODUCED, REPRODUCED,
+                                                SAME_DIRECTION, SUPPORTS, Comparison, ablation, ablation_section,
+                                                choose_objective, collapse_curve, convergence_note, curve_section,
+                                                curves, judge_claims, judged, plot_curves, plot_per_seed,
+                                                render_report, stat, summary_table)
 
 CONDITIONS = ("frozen", "verbalized", "cotrain", "population")
 
