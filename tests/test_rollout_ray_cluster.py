@@ -129,39 +129,16 @@ def test_training_joins_the_cluster_and_survives_a_dead_worker_node(tmp_path):
         _train_through_a_dead_node(*cluster, tmp_path)
 
 
-#: The driver of the dead-node run: the CLI, with the first rollouts after update 2 held until the test has killed
-#: the second node (``argv[1]`` appears), so the node dies while updates remain however fast this machine steps.
-#: Workers get the default time to start; once the node is dead a replacement gets 2 s (the cluster has no room left).
-DEAD_NODE_DRIVER = """
-import sys, time
-from pathlib import Path
-
-import simpop.rollout_ray as r
-from simpop.cli import main
-
-killed, metrics = Path(sys.argv.pop(1)), Path(sys.argv[sys.argv.index("--out") + 1]) / "metrics.jsonl"
-run = r.RayRolloutEngine.run_waves
-
-
-def held_until_the_node_is_dead(self, waves):
-    if not killed.exists() and metrics.exists() and len(metrics.read_text().splitlines()) >= 2:
-        while not killed.exists():
-            time.sleep(0.05)
-        r.WORKER_START_S = 2.0
-    return run(self, waves)
-
-
-r.RayRolloutEngine.run_waves = held_until_the_node_is_dead
-sys.exit(main(sys.argv[1:]))
-"""
-
-
 def _train_through_a_dead_node(env, address, node_port, tmp_path):
-    run, killed = tmp_path / "run", tmp_path / "node-killed"
-    driver = subprocess.Popen([sys.executable, "-c", DEAD_NODE_DRIVER, str(killed), "train", "grpo", "--env",
-                               "simpop/PersuasionAct-v0", "--updates", "12", "--out", str(run), "--no-progress",
-                               "--threads", "1", "--ray", "--ray-address", address, "--ray-workers", "2",
-                               "--ray-worker-cpus", "1"],
+    run = tmp_path / "run"
+    # The driver is its own process (it joins the cluster); workers may take 15 s to start, not 60. Each update
+    # waits 1 s before its rollouts, so the node dies while updates remain however fast this machine steps.
+    code = ("import sys, time, simpop.rollout_ray as r; r.WORKER_START_S = 15.0; run = r.RayRolloutEngine.run_waves; "
+            "r.RayRolloutEngine.run_waves = lambda self, waves: (time.sleep(1.0), run(self, waves))[1]; "
+            "from simpop.cli import main; sys.exit(main(sys.argv[1:]))")
+    driver = subprocess.Popen([sys.executable, "-c", code, "train", "grpo", "--env", "simpop/PersuasionAct-v0",
+                               "--updates", "12", "--out", str(run), "--no-progress", "--threads", "1",
+                               "--ray", "--ray-address", address, "--ray-workers", "2", "--ray-worker-cpus", "1"],
                               env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
     try:
         metrics = run / "metrics.jsonl"
@@ -174,8 +151,7 @@ def _train_through_a_dead_node(env, address, node_port, tmp_path):
         assert raylet, "the second node's raylet is not running"
         children = [int(p) for r in raylet for p in Path(f"/proc/{r}/task/{r}/children").read_text().split()]
         _kill(raylet + children)
-        assert len(metrics.read_text().splitlines()) == 2, "the run went on before the node died"
-        killed.touch()
+        assert len(metrics.read_text().splitlines()) < 12, "the run ended before the node died"
         output, _ = driver.communicate(timeout=240)
     finally:
         if driver.poll() is None:
