@@ -8,7 +8,7 @@ share of a default run (200 updates, 11 evaluations, 1 realism index)::
 
     (200 u + 11 (e + h) + r) / (200 u + 11 e)
 
-and ``make run``'s projected wall time from the time it took before (``--before-s``, docs/collapse.md: 198 s)::
+and ``make run``'s projected wall time from the time it took before (``--before-s``, docs/results/collapse.md: 198 s)::
 
     .venv/bin/python benchmarks/human_panel_cost.py [--repeats 3]
 """
@@ -29,8 +29,8 @@ def main() -> None:
 
     from simpop.envs.registration import make
     from simpop.evaluation.panel import evaluate
-    from simpop.experiments.collapse import (CONDITIONS, CollapseConfig, build_panel, build_trainer, evaluate_run,
-                                             training_realism)
+    from simpop.experiments.collapse import training_realism
+    from simpop.experiments.conditions import CONDITIONS, CollapseConfig, build_panel, build_trainer, evaluate_run
 
     torch.set_num_threads(1)
     config = CollapseConfig()

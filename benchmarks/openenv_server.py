@@ -203,7 +203,7 @@ def side_by_side(title: str, rows: dict[str, dict[int, Run]]) -> dict[str, dict[
     print(title)
     for n in new_rows:
         a, b = new_rows[n], old_rows[n]
-        print(f"  {n:3d} sessions: {new} {a.rate:7.2f} steps/s, {old} {b.rate:7.2f} steps/s: {a.rate / b.rate:5.2f}x"
+        print(f"  {n:3d} sessions: {new} {a.rate:7.2f} steps/s, {old} {b.rate:7.2f} steps/s: {a.rate / b.rate if b.rate else float('nan'):5.2f}x"
               + (f"; per server CPU-second {a.steps / a.cpu / (b.steps / b.cpu):5.2f}x" if a.cpu and b.cpu and b.steps else "")
               + (f" (errors: {len(a.errors)} / {len(b.errors)})" if a.errors or b.errors else ""))
     return {name: {str(n): r.rate for n, r in runs.items()} for name, runs in rows.items()}

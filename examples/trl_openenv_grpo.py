@@ -17,7 +17,7 @@ both comma-separated; ``none``; ``all``), e.g. ``WANDB_MODE=offline ... --report
 With ``--eval-n N`` the policy also plays N seeds of each native member of the held-out panel
 ``p4g-text-v1`` (a second, panel-mode server; held-out persuadee models and personas) before and after
 training, with the same sampling seeds, and the summary reports held-out success before, after, and their
-paired difference with a 95% CI (the decision rule in docs/integrations.md), and the same for the held-out
+paired difference with a 95% CI (the decision rule in docs/results/integrations.md), and the same for the held-out
 persuadees' expected success (their decision's probability of a donation). ``--reward expected`` trains on each
 dialogue's expected success (``simpop.train.trl_adapter.expected_reward``) instead of the env's 0/1 reward.
 The learning run there::

@@ -176,6 +176,23 @@ def test_act_policy_path_and_bad_arguments():
         engine.collect(["s0"], group_size=0)
 
 
+def test_a_seat_that_answers_too_few_or_too_many_actions_is_named_in_one_error():
+    class Short(Player):
+        def act_batch(self, observations, slots):
+            return ["yes"] * (len(slots) - 1)
+
+    class Long(CountingSimulator):
+        def act_batch(self, observations, slots):
+            return list(super().act_batch(observations, slots)) * 2
+
+    with pytest.raises(ValueError, match=r"policy Short returned 1 action\(s\) for 2 observation\(s\)"):
+        RolloutEngine(lambda: ToyTextEnv(), Short(), CountingSimulator(), n_envs=2).collect(["s0"], group_size=2)
+    engine, _, _ = _engine()
+    engine.simulator = Long()
+    with pytest.raises(ValueError, match=r"simulator .* returned 4 action\(s\) for 2 observation\(s\)"):
+        engine.collect(["s0"], group_size=2)
+
+
 def test_rejected_user_seat_actions_are_counted_per_dialogue_and_logged(caplog):
     """A simulator whose messages the env rejects (here: over-long) burns its dialogues: counted, not silent."""
     from simpop.seat import Simulator

@@ -3,8 +3,10 @@ exit 1, the finished work kept (checkpoints, episodes), and ``--resume`` against
 run exactly as an uninterrupted one (before, train ended in a traceback and eval recorded every remaining episode
 as a policy failure).
 
-The server is a real ``simpop serve`` process (a tiny random Llama with SmolLM2's tokenizer) on loopback; the
-client path is :class:`~simpop.agents.openai_backend.OpenAIBackend`'s, which vLLM generators share.
+The killed server is a real ``simpop serve`` process (a tiny random Llama with SmolLM2's tokenizer) on loopback; the
+restarted one is the same server (:func:`~simpop.serve.server.make_server`, what ``simpop serve`` runs) started in
+the test's process on the same address. The client path is :class:`~simpop.agents.openai_backend.OpenAIBackend`'s,
+which vLLM generators share.
 """
 
 from __future__ import annotations
@@ -19,10 +21,12 @@ import time
 import httpx
 
 from simpop import checkpoint
+from simpop.agents import load_backend
 from simpop.agents.vllm_server import free_port
 from simpop.cli import main
+from simpop.serve.server import SimpopServer, make_server
 
-UPDATES = 4
+UPDATES = 3
 
 
 class Served:
@@ -49,6 +53,12 @@ class Served:
         if self.process.poll() is None:
             self.process.send_signal(signal.SIGKILL)
         self.process.wait(timeout=30)
+
+
+def restarted(model, port: int) -> SimpopServer:
+    """The killed server back on ``port``, in this process (no second interpreter start), as ``simpop serve
+    --threads 1`` builds it."""
+    return make_server(load_backend(f"transformers:{model}", threads=1), port=port, model_name="tiny").start()
 
 
 def train(model, url: str, out, *extra: str) -> int:
@@ -94,11 +104,8 @@ def test_a_killed_server_ends_the_run_in_one_line_and_resume_finishes_it_exactly
     checkpoint.verify(checkpoint.by_step(tmp_path / "cut")[2])
     monkeypatch.setattr(checkpoint, "save", save)
 
-    server = Served(tiny_model, port)  # back on the same address: the run's spec names it
-    try:
-        assert train(tiny_model, server.url, tmp_path / "cut", "--resume") == 0
-    finally:
-        server.kill()
+    with restarted(tiny_model, port) as back:  # back on the same address: the run's spec names it
+        assert train(tiny_model, back.url, tmp_path / "cut", "--resume") == 0
     resumed = train_records(tmp_path / "cut")
     assert [r["step"] for r in resumed] == list(range(1, UPDATES + 1))
     assert resumed == train_records(tmp_path / "whole")
@@ -141,9 +148,6 @@ def test_a_killed_server_stops_an_evaluation_and_resume_finishes_it_exactly(tiny
     assert len(kept) == 2 and all(record["error"] is None for record in kept)  # no failure charged to the policy
     monkeypatch.setattr(eval_run, "append_records", append)
 
-    server = Served(tiny_model, port)
-    try:
-        assert evaluate(tiny_model, server.url, tmp_path / "cut", tmp_path, "--resume") == 0
-    finally:
-        server.kill()
+    with restarted(tiny_model, port) as back:
+        assert evaluate(tiny_model, back.url, tmp_path / "cut", tmp_path, "--resume") == 0
     assert episodes(tmp_path / "cut") == episodes(tmp_path / "whole")

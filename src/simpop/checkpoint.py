@@ -30,6 +30,7 @@ import numpy as np
 import torch
 
 from simpop.files import atomic_path, write_atomically
+from simpop.user_input import error_line
 
 log = logging.getLogger(__name__)
 
@@ -99,7 +100,7 @@ def load(path: str | Path, restore_rng: bool = True) -> tuple[int, dict[str, Any
     try:
         payload = torch.load(path, map_location="cpu", weights_only=False)
     except Exception as e:  # truncated zip, bad pickle, empty file: each library error type differs
-        raise CheckpointError(f"checkpoint {path} is unreadable ({type(e).__name__}: {_first_line(e)})") from None
+        raise CheckpointError(f"checkpoint {path} is unreadable ({type(e).__name__}: {error_line(e)})") from None
     if not isinstance(payload, dict) or not {"step", "state", "rng"} <= payload.keys():
         raise CheckpointError(f"checkpoint {path} is not a simpop checkpoint (no step/state/rng entries)")
     if restore_rng:
@@ -214,8 +215,3 @@ def _sha256(path: Path) -> str:
         while chunk := f.read(1 << 20):
             digest.update(chunk)
     return digest.hexdigest()
-
-
-def _first_line(error: BaseException) -> str:
-    text = str(error).strip()
-    return text.splitlines()[0] if text else "no message"

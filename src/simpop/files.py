@@ -4,7 +4,9 @@
 file is fsynced and renamed over the target (``os.replace`` is atomic on one filesystem) and the folder is
 fsynced, so the rename itself survives a crash; on an error the temporary file is removed and the target stays
 as it was. :func:`write_atomically` writes bytes or text that way; :func:`append_durably` appends text in one
-fsynced write (a log a kill may cut only at its end).
+fsynced write (a log a kill may cut only at its end). :func:`atomic_folder` does for a folder what
+:func:`atomic_path` does for a file: filled under a temporary name beside the target, renamed into place when
+complete.
 
 :func:`run_lock` gives a folder one writer: every command that writes a run folder (``simpop train``,
 ``experiment``, ``eval``, ``audit --out``, ``openenv serve --cotrain-dir``) holds its lock (``filelock``, an
@@ -16,6 +18,7 @@ from __future__ import annotations
 
 import contextlib
 import os
+import shutil
 import tempfile
 from collections.abc import Iterator
 from pathlib import Path
@@ -58,6 +61,39 @@ def append_durably(path: str | Path, text: str) -> None:
         f.write(text)
         f.flush()
         os.fsync(f.fileno())
+
+
+@contextlib.contextmanager
+def atomic_folder(path: str | Path, replace: bool = False) -> Iterator[Path]:
+    """A fresh folder (``.NAME.<random>.tmp``, beside ``path``) to fill; renamed to ``path`` when the block ends.
+
+    On an error the folder is removed and ``path`` stays as it was. An existing ``path`` is replaced only with
+    ``replace``: it is set aside, removed once the new folder is in place, and put back if that rename fails.
+
+    Raises:
+        FileExistsError: ``path`` exists when the block ends and ``replace`` is False.
+    """
+    path = Path(path)
+    tmp = Path(tempfile.mkdtemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent))
+    try:
+        yield tmp
+        if not path.exists():
+            tmp.rename(path)
+        elif not replace:
+            raise FileExistsError(f"{path} exists (it appeared while the new folder was written); it is kept")
+        else:
+            old = tmp.with_suffix(".old")  # .NAME.<random>.old: as unique as tmp
+            path.rename(old)
+            try:
+                tmp.rename(path)
+            except BaseException:
+                old.rename(path)
+                raise
+            shutil.rmtree(old, ignore_errors=True)
+    except BaseException:
+        shutil.rmtree(tmp, ignore_errors=True)
+        raise
+    fsync_dir(path.parent)
 
 
 def fsync_dir(folder: str | Path) -> None:

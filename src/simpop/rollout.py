@@ -314,8 +314,11 @@ class RolloutEngine:
         """The policy's (else the simulator's) actions for ``slots``: one batched call, timed and counted."""
         player = self.policy if policy else self.simulator
         t0 = time.perf_counter()
-        who = f"policy {type(player).__name__}" if policy else f"simulator {getattr(player, 'name', '?')}"
-        actions = _counted(player.act_batch(observations, slots), len(slots), who)
+        actions = list(player.act_batch(observations, slots))
+        if len(actions) != len(slots):  # never truncated or padded
+            who = f"policy {type(player).__name__}" if policy else f"simulator {getattr(player, 'name', '?')}"
+            raise ValueError(f"{who} returned {len(actions)} action(s) for {len(slots)} observation(s); act_batch "
+                             f"must return exactly one action per observation, in order")
         elapsed = time.perf_counter() - t0
         if policy:
             self.stats.policy_s += elapsed
@@ -409,11 +412,3 @@ def plan_waves(jobs: Sequence[Job], rng: np.random.Generator, size: int) -> list
     rngs = [rng] if len(waves) == 1 else rng.spawn(len(waves))
     return list(zip(waves, rngs))
 
-
-def _counted(outputs: Any, expected: int, who: str) -> list[Any]:
-    """``outputs`` as a list, one per observation asked (ValueError otherwise: never truncated or padded)."""
-    outputs = list(outputs)
-    if len(outputs) != expected:
-        raise ValueError(f"{who} returned {len(outputs)} action(s) for {expected} observation(s); act_batch must "
-                         f"return exactly one action per observation, in order")
-    return outputs

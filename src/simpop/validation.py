@@ -24,6 +24,7 @@ import functools
 import os
 import types
 import typing
+from collections.abc import Sequence
 from pathlib import Path
 from typing import Annotated, Any, Literal
 
@@ -192,3 +193,10 @@ def check_fields(config: Any) -> None:
             checked = check(cls.__name__, field.name, hints[field.name], value)
             if checked is not value:
                 object.__setattr__(config, field.name, checked)
+
+
+def at_least_one(config: Any, keys: Sequence[str]) -> None:
+    """Refuse (ValueError naming the config and field) any of ``config``'s fields ``keys`` below 1."""
+    for key in keys:
+        if getattr(config, key) < 1:
+            raise ValueError(f"{type(config).__name__}: {key} must be >= 1, got {getattr(config, key)}")

@@ -255,6 +255,25 @@ def test_prefix_cache_reads_a_prefix_shared_by_a_batch_once(prefix_cached):
     assert [g.token_ids for g in backend.generate_ids(prompts, params)] == [g.token_ids for g in cached]
 
 
+def test_rows_read_their_uncached_excess_alone(prefix_cached):
+    """A new dialogue's whole prompt beside later turns' short deltas: the batch reads only what the rows have in
+    common (the long row's excess was read alone first), and every row gives what it gives alone."""
+    backend, params = prefix_cached, SamplingParams(max_new_tokens=4)
+    first = backend.generate([HELLO, FRANCE], params)
+    reply = backend.encode_chat([{"role": "user", "content": "Go on."}])
+    prompts = [g.prompt_ids + g.token_ids + reply[-5:] for g in first] + [backend.encode_chat(LONG)]
+    widths: list[int] = []
+    hook = backend.model.register_forward_pre_hook(lambda _, args, kwargs: widths.append(
+        kwargs["input_ids"].shape[1]) if kwargs["input_ids"].shape[0] == 3 else None, with_kwargs=True)
+    try:
+        together = backend.generate_ids(prompts, params)
+    finally:
+        hook.remove()
+    assert widths[0] == 6  # the prefill: the cached rows' new tokens (a completion's last one + 5), not the new prompt
+    backend.prefix_cache = False
+    assert [g.token_ids for g in together] == [backend.generate_ids([p], params)[0].token_ids for p in prompts]
+
+
 def test_prefix_cache_is_dropped_when_weights_change_and_bounded(tiny_model):
     backend, params = TransformersBackend(tiny_model, prefix_cache=True), SamplingParams(max_new_tokens=3)
     first = backend.generate([HELLO], params)[0]

@@ -12,6 +12,10 @@ _KWARGS: dict[str, dict[str, Any]] = {
     "simpop/CooperBench-v0": {"dataset": str(MINI_DIR)},
 }
 
+#: Ids that build exactly another id's env with these arguments: checked once, under the other id
+#: (``test_conformance.test_an_id_checked_under_another_builds_the_same_env`` holds the pairing).
+SAME_ENV = {"simpop/CooperBench-v0": "simpop/CooperBench-mini-v0"}
+
 
 def kwargs_for(env_id: str) -> dict[str, Any]:
     """Keyword arguments for ``simpop.make(env_id, ...)`` in the conformance tests."""

@@ -3,7 +3,8 @@
 The checks themselves live in :mod:`simpop.testing`, where users run them on their own envs and
 simulators; here every registered id runs every env check (:data:`simpop.testing.ENV_CHECKS`), the
 single-agent view made by ``gymnasium.make`` passes Gymnasium's checker, and every id's native
-simulator runs every simulator check (:data:`simpop.testing.SIMULATOR_CHECKS`).
+simulator runs every simulator check (:data:`simpop.testing.SIMULATOR_CHECKS`); an id whose test arguments
+build exactly another id's env runs them under that id (``SAME_ENV``).
 """
 
 from __future__ import annotations
@@ -22,11 +23,14 @@ from simpop import testing
 from simpop.envs.registration import load, spec
 
 #: Extra constructor arguments some ids need in tests (e.g. a dataset path); filled by benchmarks' conftest.
-from tests.envs.registry_kwargs import kwargs_for
+from tests.envs.registry_kwargs import SAME_ENV, kwargs_for
 
 IDS = simpop.ids()
+#: Ids whose test arguments build exactly another id's env (same class, dataset and native simulator): the checks
+#: run once, under the other id; :func:`test_an_id_checked_under_another_builds_the_same_env` holds them to that.
+CHECKED = [i for i in IDS if i not in SAME_ENV]
 #: Ids with a native simulator for the user seat.
-SIMULATED = [i for i in IDS if spec(i).default_simulator]
+SIMULATED = [i for i in CHECKED if spec(i).default_simulator]
 
 #: Arguments for particular checks (the settings these tests used before the checks moved into simpop.testing).
 CHECK_KWARGS: dict[str, dict[str, Any]] = {
@@ -60,8 +64,25 @@ def test_registry_is_not_empty():
     assert "simpop/Persuasion-v0" in IDS and "simpop/PersuasionAct-v0" in IDS
 
 
+@pytest.mark.parametrize("env_id, same", sorted(SAME_ENV.items()))
+def test_an_id_checked_under_another_builds_the_same_env(env_id, same):
+    mine, theirs = spec(env_id), spec(same)
+    assert (mine.entry_point, mine.default_simulator) == (theirs.entry_point, theirs.default_simulator)
+    env, other = env_factory(env_id)(), env_factory(same)()
+    try:
+        assert type(env) is type(other) and env.dataset == other.dataset
+        assert env.scenario_ids() == other.scenario_ids()
+        assert env.possible_agents == other.possible_agents and env.reset(seed=5) == other.reset(seed=5)
+        for seat in env.possible_agents:
+            assert env.observation_space(seat) == other.observation_space(seat)
+            assert env.action_space(seat) == other.action_space(seat)
+    finally:
+        env.close()
+        other.close()
+
+
 @pytest.mark.parametrize("check", list(testing.ENV_CHECKS))
-@pytest.mark.parametrize("env_id", IDS)
+@pytest.mark.parametrize("env_id", CHECKED)
 def test_env_conforms(env_id, check):
     testing.ENV_CHECKS[check](env_factory(env_id), **CHECK_KWARGS.get(check, {}))
 

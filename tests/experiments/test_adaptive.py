@@ -53,6 +53,9 @@ def test_resume_skips_finished_runs_and_refuses_other_settings(finished, capsys)
     assert (finished / "runs" / "fixed" / "seed0" / "metrics.jsonl").read_text() == before
     assert main(["experiment", "adaptive", "--out", str(finished), *TINY]) == 2
     assert "already holds a run" in capsys.readouterr().err
+    assert main(["experiment", "adaptive", "--out", str(finished), "--resume", *TINY, "--eval-episodes", "6"]) == 2
+    err = capsys.readouterr().err
+    assert "different settings (eval_episodes)" in err and "Traceback" not in err and len(err.splitlines()) == 1
 
 
 def test_a_killed_failure_run_resumes_with_the_same_pool(tmp_path):

@@ -186,3 +186,25 @@ def test_greedy_jobs_batch_whatever_their_seed_and_seeded_sampling_batches_where
     apart = RowSeededEcho()
     assert [rows for rows, _ in submit(apart, sampled)] == [4]
     assert apart.row_seeds == [[(1, 0), (2, 0), (2, 1), (3, 0)]]  # each row draws as in its own call
+
+
+def test_a_batch_starts_once_every_expected_caller_waits_and_gathers_while_the_model_is_free():
+    from simpop.agents.base import SamplingParams
+    from simpop.serve.batching import MicroBatcher
+
+    backend, expected = EchoBackend(delay_s=1.2), [1]
+    chat, params = [[{"role": "user", "content": "hi"}]], SamplingParams(max_new_tokens=4)
+
+    async def run():
+        batcher = MicroBatcher(backend, window_s=0.8, expected=lambda: expected[0])
+        first = asyncio.ensure_future(batcher.generate("generate", chat, params))  # all that is expected: at once
+        await asyncio.sleep(0.1)
+        expected[0] = 2
+        second = asyncio.ensure_future(batcher.generate("generate", chat, params))  # while the model runs
+        await first
+        await asyncio.sleep(0.4)  # past the second's window counted from its arrival, inside it from the model's end
+        await asyncio.gather(second, batcher.generate("generate", chat, params))
+        batcher.close()
+
+    asyncio.run(run())
+    assert [rows for rows, _ in backend.calls] == [1, 2]  # the first alone at once, then the other two together

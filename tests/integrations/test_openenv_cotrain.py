@@ -115,36 +115,37 @@ def test_persona_objective_trains_the_persona_sampler_the_sessions_draw_from():
 
 def test_server_cotrains_a_lora_simulator_and_resumes_it(tmp_path):
     """A LoRA (text) simulator behind the server: hosted episodes give it a gradient, its adapter moves, the
-    version in metadata rises, and a resumed co-trainer holds the same adapter. Seeds 0-3 of this setting
-    give successes (0, 1, 0, 0): mean 0.25, not the target 0.5, so the objective's advantages
-    2 (τ - p̄)(s - p̄) are not all zero (with p̄ = τ, or one outcome for all, the gradient is zero by design)."""
+    version in metadata rises, and a resumed co-trainer holds the same adapter. Seeds 1 and 2 of this setting
+    give successes (0, 1) on one and on two torch threads: mean 0.5, not the target 0.25, so the objective's
+    advantages 2 (τ - p̄)(s - p̄) are not all zero (with p̄ = τ, or one outcome for all, the gradient is zero by
+    design)."""
     source = UserSeatSource("simpop/Persuasion-v1", ["trainable:smollm2?max_new_tokens=8"], env_kwargs={"max_turns": 1})
-    cotrainer = ServerCoTrainer(source, CoTrainConfig(sim_lr=1e-3), episodes_per_update=4, run_dir=tmp_path)
+    config = CoTrainConfig(sim_lr=1e-3, target_success=0.25)
+    cotrainer = ServerCoTrainer(source, config, episodes_per_update=2, run_dir=tmp_path)
     (name, master), = cotrainer.masters.items()
     base = {k: v.detach().clone() for k, v in master.state_dict().items()}
     successes, versions = [], []
     with make_server(source, port=0, environment=cotrainer.environment).start() as server, \
             SimpopEnvClient(base_url=server.url).sync() as env:
-        for seed in range(4):
+        for seed in (1, 2):
             result = env.reset(seed=seed)
             versions.append(result.metadata["simulator_versions"][name])
             while not result.done:
                 result = env.step("Imagine a hungry child. Would you like to donate to Save the Children?")
             successes.append(float(result.reward > 0))
         cotrainer.wait()
-        versions.append(env.reset(seed=4).metadata["simulator_versions"][name])
+        versions.append(env.reset(seed=3).metadata["simulator_versions"][name])
     cotrainer.close()
 
-    assert 0 < np.mean(successes) < 1 and np.mean(successes) != 0.5, successes  # the update has a signal
-    assert versions == [0, 0, 0, 0, 1] and cotrainer.versions == {name: 1}
+    assert 0 < np.mean(successes) < 1 and np.mean(successes) != config.target_success, successes  # a signal
+    assert versions == [0, 0, 1] and cotrainer.versions == {name: 1}
     (update,) = cotrainer.history
-    assert update["sim_grad_norm"] > 0 and update["episodes"] == 4
+    assert update["sim_grad_norm"] > 0 and update["episodes"] == 2
     moved = {k: float((v - base[k]).abs().max()) for k, v in master.state_dict().items()}
     assert max(moved.values()) > 1e-4  # the adapter moved (LoRA B first: A's gradient is 0 while B is 0)
     assert all(torch.equal(cotrainer.published[name][k], v) for k, v in master.state_dict().items())
 
-    resumed = ServerCoTrainer(source, CoTrainConfig(sim_lr=1e-3), episodes_per_update=4, run_dir=tmp_path,
-                              resume=True)
+    resumed = ServerCoTrainer(source, config, episodes_per_update=2, run_dir=tmp_path, resume=True)
     assert resumed.versions == {name: 1} and resumed.history == cotrainer.history
     assert all(torch.equal(resumed.masters[name].state_dict()[k], v) for k, v in master.state_dict().items())
     resumed.close()

@@ -62,14 +62,41 @@ for _ in range(4):
     if terminated or truncated:
         break
 out["solo"] = ends
+"""
+
+#: Bad command lines of ``python -m simpop.integrations.rllib_marl`` (its ``main``), and the word the one-line error
+#: must name.
+BAD_ARGUMENTS = {"iterations": (["both", "--iterations", "0"], "--iterations"),
+                 "population": (["solo", "--population", "persuadee", "nonsense"], "nonsense")}
+
+CLI_CHECK = """
+import contextlib, io
+from simpop.integrations.rllib_marl import main
+out["cli"] = {}
+for name, argv in BAD_ARGUMENTS.items():
+    stderr = io.StringIO()
+    with contextlib.redirect_stderr(stderr):
+        try:
+            code = main(argv)
+        except SystemExit as exit:
+            code = exit.code
+    out["cli"][name] = {"code": code, "stderr": stderr.getvalue()}
 print(json.dumps(out))
 """
 
 
-def test_rllib_reads_the_user_mask_from_its_observation_and_the_turn_cap_as_an_end(rllib_python):
-    result = run_in(rllib_python, "-c", VIEW_CHECK, timeout=300)
+@pytest.fixture(scope="module")
+def checks(rllib_python) -> dict:
+    """One interpreter in RLlib's environment (importing Ray takes seconds) for the view check and the command
+    lines: ``VIEW_CHECK``'s figures and, under ``"cli"``, each bad command line's exit code and stderr."""
+    script = VIEW_CHECK + f"BAD_ARGUMENTS = {json.dumps({k: v[0] for k, v in BAD_ARGUMENTS.items()})}\n" + CLI_CHECK
+    result = run_in(rllib_python, "-c", script, timeout=300)
     assert result.returncode == 0, result.stderr[-3000:]
-    out = json.loads(result.stdout.splitlines()[-1])
+    return json.loads(result.stdout.splitlines()[-1])
+
+
+def test_rllib_reads_the_user_mask_from_its_observation_and_the_turn_cap_as_an_end(checks):
+    out = checks
     user_space, policy_space = out["spaces"]
     assert user_space.startswith("Dict('action_mask': Box(0.0, 1.0, (161,)") and policy_space.startswith("Box(")
     assert out["steps"] and all(step["mask_matches"] and step["obs_matches"] for step in out["steps"])
@@ -78,13 +105,11 @@ def test_rllib_reads_the_user_mask_from_its_observation_and_the_turn_cap_as_an_e
     assert out["solo"][-1] == [True, False]
 
 
-@pytest.mark.parametrize("argv, named", [(["both", "--iterations", "0"], "--iterations"),
-                                         (["solo", "--population", "persuadee", "nonsense"], "nonsense")],
-                         ids=["iterations", "population"])
-def test_bad_arguments_get_one_line_and_exit_code_2(rllib_python, argv, named):
-    result = run_in(rllib_python, "-m", "simpop.integrations.rllib_marl", *argv, timeout=300)
-    assert result.returncode == 2 and named in result.stderr.strip().splitlines()[-1]
-    assert "Traceback" not in result.stderr
+@pytest.mark.parametrize("case", list(BAD_ARGUMENTS))
+def test_bad_arguments_get_one_line_and_exit_code_2(checks, case):
+    result, named = checks["cli"][case], BAD_ARGUMENTS[case][1]
+    assert result["code"] == 2 and named in result["stderr"].strip().splitlines()[-1]
+    assert "Traceback" not in result["stderr"]
 
 
 def test_the_documented_example_trains_both_seats_and_the_policy_seat_alone(rllib_python):

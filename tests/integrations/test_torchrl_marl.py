@@ -19,7 +19,6 @@ from torchrl.envs import PettingZooWrapper  # noqa: E402
 
 import simpop  # noqa: E402
 from simpop.integrations.marl import MarlView  # noqa: E402
-from simpop.integrations.marl_ppo import gain  # noqa: E402
 from simpop.seat import Simulator  # noqa: E402
 from simpop.integrations.torchrl_marl import MarlConfig, evaluate, make_marl_env, train_policy_seat  # noqa: E402
 from tests.integrations.conftest import doc_example  # noqa: E402
@@ -73,15 +72,11 @@ def test_the_view_refuses_what_it_cannot_serve():
 
 def test_the_documented_example_trains_both_seats_and_the_policy_seat_alone(one_thread):
     run = {}
-    exec(doc_example("torchrl_marl import"), run)  # docs/integrations.md's TorchRL example, as written
-    persuader, user = run["both"].policies["persuader"], run["both"].policies["persuadee"]
-    policy_gain, policy_se = gain(evaluate(persuader, user).success, evaluate(None, user).success)
-    user_gain, user_se = gain(evaluate(None, None).user_kl, evaluate(None, user).user_kl)
-    print(f"both seats: persuader vs random +{policy_gain:.3f} (SE {policy_se:.3f}); KL(user || reference) "
-          f"random - trained user {user_gain:.3f} (SE {user_se:.3f})")
-    assert policy_gain > 2 * policy_se and user_gain > 2 * user_se
-    solo = evaluate(run["solo"].policies["persuader"], "persuadee").success.mean()
-    assert solo >= evaluate(None, "persuadee").success.mean() + 0.15
+    exec(doc_example("torchrl_marl import"), run)  # docs/integrations/torchrl.md's example, as written
+    for name in ("policy", "realism"):  # persuader vs random facing the final user; random - trained user's KL
+        difference, se = run[name]
+        assert difference > 2 * se, f"{name}: {difference:+.3f} is not above 2 SE ({se:.3f})"
+    assert run["alone"].difference >= 0.15  # alone, vs the reference: at least 0.15 above random acts
 
 
 def test_evaluation_scores_each_seat_on_fixed_seeds():

@@ -114,7 +114,7 @@ def test_the_documented_dataset_example_writes_one_row_per_scenario(tmp_path, mo
     import pandas as pd
 
     monkeypatch.chdir(tmp_path)
-    exec(doc_example("dataset_rows("), {})  # docs/integrations.md's verl example, as written
+    exec(doc_example("dataset_rows("), {})  # docs/integrations/verl.md's example, as written
     table = pd.read_parquet(tmp_path / "p4g.parquet")
     assert len(table) == 200 and set(table["agent_name"]) == {AGENT_NAME}
     assert table["extra_info"][0]["simpop"]["env_kwargs"] == {"max_turns": 5}

@@ -304,14 +304,16 @@ def test_smollm2_survey_greedy_is_deterministic_and_temperature_one_is_not(smoll
     scenario, obs = _p4g_survey_observation()
     survey = survey_of(obs)
     n = 16
+    # Seeds 0 and 1 as two halves of one batch: each slot answers with its own generator, and the equal chats
+    # are scored once (one read of the persona prompt per simulator).
+    slots = list(range(2 * n))
     greedy = LLMSimulator(smollm2)
     sampled = LLMSimulator(smollm2, SamplingParams(temperature=1.0))
-    greedy_answers, sampled_answers = set(), []
-    for seed in (0, 1):
-        greedy.reset_batch([scenario] * n, rngs(n, seed))
-        greedy_answers.update(greedy.act_batch([obs] * n, list(range(n))))
-        sampled.reset_batch([scenario] * n, rngs(n, seed))
-        sampled_answers.append(sampled.act_batch([obs] * n, list(range(n))))
+    greedy.reset_batch([scenario] * 2 * n, rngs(n, 0) + rngs(n, 1))
+    greedy_answers = set(greedy.act_batch([obs] * 2 * n, slots))
+    sampled.reset_batch([scenario] * 2 * n, rngs(n, 0) + rngs(n, 1))
+    answers = sampled.act_batch([obs] * 2 * n, slots)
+    sampled_answers = [answers[:n], answers[n:]]
     (logprobs,) = greedy.option_logprobs([obs], [0], [survey])
     assert np.isfinite(logprobs).all() and (logprobs < 0).all()
     assert greedy_answers == {survey.options[int(np.argmax(logprobs))]}
@@ -343,12 +345,11 @@ def test_smollm2_verbalized_survey_answers_vary_where_greedy_ones_do_not(smollm2
     scenario, obs = _p4g_survey_observation()
     n = 8
     greedy, verbalized = LLMSimulator(smollm2), VerbalizedSimulator(smollm2, k=3)
-    greedy_answers, verbalized_answers = set(), set()
-    for seed in (0, 1):
-        greedy.reset_batch([scenario] * n, rngs(n, seed))
-        greedy_answers.update(greedy.act_batch([obs] * n, list(range(n))))
-        verbalized.reset_batch([scenario] * n, rngs(n, seed))
-        verbalized_answers.update(verbalized.act_batch([obs] * n, list(range(n))))
+    slots = list(range(2 * n))  # seeds 0 and 1 as two halves of one batch (equal chats: one read each)
+    greedy.reset_batch([scenario] * 2 * n, rngs(n, 0) + rngs(n, 1))
+    greedy_answers = set(greedy.act_batch([obs] * 2 * n, slots))
+    verbalized.reset_batch([scenario] * 2 * n, rngs(n, 0) + rngs(n, 1))
+    verbalized_answers = set(verbalized.act_batch([obs] * 2 * n, slots))
     survey = survey_of(obs)
     assert len(greedy_answers) == 1 and len(verbalized_answers) > 1 and verbalized_answers <= set(survey.options)
     assert verbalized.stats["survey_fallbacks"] == 0 and verbalized.stats["survey_calls"] == 2 * n

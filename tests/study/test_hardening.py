@@ -90,3 +90,12 @@ def test_long_polls_against_a_slow_policy_stall_no_one(tmp_path):
     finally:
         Slow.done.set()
         study.close()
+
+
+def test_the_study_salt_is_private_made_once_and_never_half_written(tmp_path):
+    from simpop.study import storage
+
+    first = storage.salt(tmp_path)
+    assert len(first) == 32 and storage.salt(tmp_path) == first
+    assert (tmp_path / storage.SALT).stat().st_mode & 0o777 == 0o600
+    assert [p.name for p in tmp_path.iterdir()] == [storage.SALT]  # no temporary file left beside it

@@ -12,13 +12,13 @@ from __future__ import annotations
 
 import importlib.util
 import os
-import shutil
-import tempfile
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
 from filelock import FileLock
+
+from simpop.files import atomic_folder
 
 #: Embedded model name -> (package holding the GGUF, GGUF file name, cache sub-folder).
 EMBEDDED_MODELS: dict[str, tuple[str, str, str]] = {
@@ -62,17 +62,12 @@ def cached_build(target: Path, build: Callable[[Path], None]) -> Path:
     with FileLock(target.with_name(target.name + ".lock")):
         if target.is_dir():  # another process finished while we waited for the lock
             return target
-        tmp = Path(tempfile.mkdtemp(prefix=f".{target.name}.", dir=target.parent))
         try:
-            build(tmp)
-            try:
-                tmp.rename(target)
-            except OSError:
-                # A builder without the lock (e.g. on a file system without locks) won the race.
-                if not target.is_dir():
-                    raise
-        finally:
-            shutil.rmtree(tmp, ignore_errors=True)
+            with atomic_folder(target) as tmp:
+                build(tmp)
+        except OSError:  # a builder without the lock (e.g. on a file system without locks) won the race
+            if not target.is_dir():
+                raise
     return target
 
 

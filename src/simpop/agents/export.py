@@ -37,11 +37,11 @@ from __future__ import annotations
 import copy
 import dataclasses
 import json
-import shutil
-import tempfile
 from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
+
+from simpop.files import atomic_folder
 
 MANIFEST = "simpop_export.json"
 #: Bumped when the folder layout changes; :func:`load_exported` refuses newer ones.
@@ -88,14 +88,9 @@ def export_policy(policy: Any, out_dir: str | Path, *, merge: bool = True, step:
                         f"or a torch.nn.Module policy")
     manifest = {"format": "simpop-export", "format_version": FORMAT_VERSION, "step": step, **(metadata or {})}
     out.parent.mkdir(parents=True, exist_ok=True)
-    tmp = Path(tempfile.mkdtemp(prefix=f".{out.name}.", suffix=".tmp", dir=out.parent))
-    try:
+    with atomic_folder(out, replace=overwrite) as tmp:
         manifest.update(write(tmp))
         (tmp / MANIFEST).write_text(json.dumps(manifest, indent=2, default=str) + "\n")
-        _replace(tmp, out, overwrite)
-    except BaseException:
-        shutil.rmtree(tmp, ignore_errors=True)
-        raise
     return out
 
 
@@ -295,20 +290,3 @@ def _base_to_load(manifest: Mapping[str, Any], folder: Path) -> str:
     raise FileNotFoundError(f"{folder}: the adapter's base model {base} is not here; copy it there (or load "
                             f"the adapter onto it with PeftModel.from_pretrained)")
 
-
-def _replace(tmp: Path, out: Path, overwrite: bool) -> None:
-    """Move the finished ``tmp`` to ``out``; an old ``out`` is set aside first and removed only afterwards."""
-    if not out.exists():
-        tmp.rename(out)
-        return
-    if not overwrite:  # appeared while we were writing
-        raise FileExistsError(f"{out} appeared while exporting; pass overwrite=True to replace it")
-    old = Path(tempfile.mkdtemp(prefix=f".{out.name}.", suffix=".old", dir=out.parent))
-    old.rmdir()
-    out.rename(old)
-    try:
-        tmp.rename(out)
-    except BaseException:
-        old.rename(out)  # put the previous export back
-        raise
-    shutil.rmtree(old, ignore_errors=True)

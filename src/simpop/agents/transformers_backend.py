@@ -42,7 +42,8 @@ if TYPE_CHECKING:
 
     from simpop.agents.kv_buffer import LayerCache
 
-#: Prompts of one call that all begin with at least this many equal tokens read them once.
+#: Prompts of one call that all begin with at least this many equal tokens read them once; a row's uncached tokens
+#: beyond the batch's common length are read alone first when they are at least this many (fewer are padded).
 _MIN_SHARED_PREFIX = 16
 
 
@@ -220,7 +221,7 @@ class TransformersBackend(Scoring, Adapters, SchemaGrammars):
         from simpop.agents.kv_buffer import batched_cache, cache_argument, cached_length
 
         self._check_prompts(prompts, params)
-        cached = self._lookup_prefixes(prompts)
+        cached = self._even_out(prompts, self._lookup_prefixes(prompts))
         reuse = [cached_length(kv) for kv in cached]
         past = max(reuse)
         suffix = max(len(prompt) - reused for prompt, reused in zip(prompts, reuse))
@@ -325,16 +326,39 @@ class TransformersBackend(Scoring, Adapters, SchemaGrammars):
             self.prefix_reused_tokens += cached_length(kv)
         return found
 
+    def _even_out(self, prompts: list[list[int]], cached: list[LayerCache | None]) -> list[LayerCache | None]:
+        """Rows' caches with each row's uncached tokens beyond the batch's common length read alone first.
+
+        The batched read pads every row to the longest uncached part, and a padded position costs as much as a
+        real one: a new dialogue's first prompt beside later turns' short deltas would make every row read the
+        whole prompt's length. So a row whose uncached part exceeds the rest's (the rows within
+        ``_MIN_SHARED_PREFIX`` of the shortest) reads its excess alone, and the batch reads what remains, evenly.
+        """
+        from simpop.agents.kv_buffer import cached_length
+
+        if len(prompts) < 2:
+            return cached
+        uncached = [len(prompt) - cached_length(kv) for prompt, kv in zip(prompts, cached)]
+        even = max(n for n in uncached if n < min(uncached) + _MIN_SHARED_PREFIX)
+        return [kv if n <= even else self._read_alone(prompt[:-even], kv)
+                for prompt, kv, n in zip(prompts, cached, uncached)]
+
+    def _read_alone(self, tokens: list[int], prefix: LayerCache | None) -> LayerCache:
+        """Keys and values of ``tokens`` read as one row after ``prefix`` (the keys and values of their start)."""
+        torch, _ = _import_torch_transformers()
+        from simpop.agents.kv_buffer import batched_cache, cache_argument, cached_length
+
+        start = cached_length(prefix)
+        cache = batched_cache(self.model.config, [prefix], start, len(tokens)) if prefix else None
+        with torch.no_grad():
+            out = self.model(input_ids=torch.tensor([tokens[start:]], device=self.device), use_cache=True,
+                             logits_to_keep=1, **({cache_argument(self.model): cache} if cache is not None else {}))
+        return [(layer.keys[0], layer.values[0]) for layer in getattr(out, cache_argument(self.model)).layers]
+
     def _read_prefix(self, view: tuple, tokens: list[int]) -> None:
         """Run the model over ``tokens`` alone and cache their keys and values."""
-        torch, _ = _import_torch_transformers()
-        from simpop.agents.kv_buffer import cache_argument
-
-        with torch.no_grad():
-            out = self.model(input_ids=torch.tensor([tokens], device=self.device), use_cache=True, logits_to_keep=1)
-        cache = getattr(out, cache_argument(self.model))
-        self.prefixes.remember(view, tokens, [(layer.keys[0].clone(), layer.values[0].clone())
-                                              for layer in cache.layers])
+        self.prefixes.remember(view, tokens, [(keys.clone(), values.clone())
+                                              for keys, values in self._read_alone(tokens, None)])
 
     def _store_prefixes(self, generations: list[Generation], cache, attention_mask, width: int) -> None:
         """Cache the keys and values of each row's prompt + completion, but its last token (never read)."""

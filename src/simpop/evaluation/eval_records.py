@@ -54,8 +54,3 @@ def append_records(path: str | Path, records: Iterable[EpisodeRecord]) -> None:
     """Append ``records`` in one write, flushed and fsynced."""
     append_durably(path, "".join(r.to_json() + "\n" for r in records))
 
-
-def first_line(error: BaseException) -> str:
-    """How a record and a log line name an error: the first line of its message (its repr if it has none)."""
-    text = str(error).strip()
-    return text.splitlines()[0] if text else repr(error)

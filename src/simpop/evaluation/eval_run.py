@@ -71,7 +71,7 @@ from typing import Any
 import numpy as np
 
 from simpop.agents.openai_backend import BackendUnavailable
-from simpop.evaluation.eval_records import EPISODES, append_records, first_line, read_records
+from simpop.evaluation.eval_records import EPISODES, append_records, read_records
 from simpop.evaluation.eval_summary import CHART, REPORT, SUMMARY, plot_success, render_report, summarize
 from simpop.evaluation.eval_tau2 import is_tau2, tau2_extras, tau2_payload
 from simpop.evaluation.panel import EnvPool, EpisodeRecord, episode_record, json_safe, transcript_of
@@ -80,6 +80,7 @@ from simpop.rollout import Job, RolloutEngine, Trajectory
 from simpop.rollout_ray import RayConfig, RayRolloutEngine
 from simpop.simulators.panel_wave import MemberError, PanelWave
 from simpop.simulators.population import Panel
+from simpop.user_input import error_line
 
 log = logging.getLogger(__name__)
 
@@ -320,7 +321,7 @@ def _run_chunks(engine: RolloutEngine, pool: EnvPool, policy: Any, member: str,
             raise
         except Exception as error:
             log.warning("member %s: %d chunks run side by side raised (%s: %s); running them one at a time",
-                        member, len(chunks), type(error).__name__, first_line(error))
+                        member, len(chunks), type(error).__name__, error_line(error))
     return [_run_chunk(engine, pool, policy, member, chunk, rng_seed) for chunk, rng_seed in chunks]
 
 
@@ -336,7 +337,7 @@ def _run_chunk(engine: RolloutEngine, pool: EnvPool, policy: Any, member: str, c
         raise
     except Exception as error:
         log.warning("member %s: a chunk of %d episode(s) raised (%s: %s); running them one at a time",
-                    member, len(chunk), type(error).__name__, first_line(error))
+                    member, len(chunk), type(error).__name__, error_line(error))
     return _run_episodes(engine, pool, policy, member, chunk, rng_seed)
 
 
@@ -354,7 +355,7 @@ def _run_episodes(engine: RolloutEngine, pool: EnvPool, policy: Any, member: str
         except BackendUnavailable:  # the server is gone: stop, finished chunks kept
             raise
         except Exception as error:
-            message = f"{type(error).__name__}: {first_line(error)}"
+            message = f"{type(error).__name__}: {error_line(error)}"
             log.warning("member %s, scenario %s, trial %d: episode failed: %s", member, e.scenario, e.trial, message)
             partial = transcript_of(env) if env.transcript is not before else []
             records.append(EpisodeRecord(member=member, scenario=e.scenario, trial=e.trial, index=e.index,
@@ -409,7 +410,7 @@ def _run_panel_chunk(engine: RolloutEngine, wave: PanelWave, pool: EnvPool, poli
     except MemberError as error:  # one member's simulator raised: the others rerun together, it episode by episode
         failed = members.index(error.member)
         log.warning("members %s: a chunk of %d episode(s) each raised in one wave (%s); the other members rerun as "
-                    "one wave, %s one episode at a time", ", ".join(names), len(chunk), first_line(error),
+                    "one wave, %s one episode at a time", ", ".join(names), len(chunk), error_line(error),
                     names[failed])
         others = [i for i in range(len(members)) if i != failed]
         records = (_run_panel_chunk(engine, wave, pool, policy, [names[i] for i in others],
@@ -420,7 +421,7 @@ def _run_panel_chunk(engine: RolloutEngine, wave: PanelWave, pool: EnvPool, poli
         return sorted(records, key=lambda r: order[r.member])  # member by member, as from one wave
     except Exception as error:
         log.warning("members %s: a chunk of %d episode(s) each raised in one wave (%s: %s); running each member's "
-                    "share alone", ", ".join(names), len(chunk), type(error).__name__, first_line(error))
+                    "share alone", ", ".join(names), len(chunk), type(error).__name__, error_line(error))
     records = []
     for name, m in zip(names, members):
         alone = RolloutEngine(pool.factory(), policy, wave.members[m], n_envs=len(chunk))
@@ -447,7 +448,7 @@ def _episode_entropy(policy: Any, trajectory: Trajectory) -> tuple[float | None,
     try:
         value = float(measure([trajectory]))
     except Exception as error:  # entropy is a diagnostic: a failure is logged, never fatal
-        log.warning("policy entropy failed (%s: %s); recorded as none", type(error).__name__, first_line(error))
+        log.warning("policy entropy failed (%s: %s); recorded as none", type(error).__name__, error_line(error))
         return None, 0
     return (value, int(weight)) if math.isfinite(value) and weight > 0 else (None, 0)
 

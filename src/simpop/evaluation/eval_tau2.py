@@ -9,7 +9,7 @@ from collections.abc import Iterable, Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
-from simpop.evaluation.eval_records import first_line
+from simpop.user_input import error_line
 from simpop.evaluation.panel import EpisodeRecord
 
 log = logging.getLogger(__name__)
@@ -40,8 +40,8 @@ def tau2_payload(env: Any, trial: int) -> dict[str, Any]:
         return {"domain": env.domain, "messages": [m.model_dump(mode="json") for m in env.trajectory()],
                 "reward_info": info.model_dump(mode="json") if info is not None else None}
     except Exception as error:
-        log.warning("could not keep the τ² trajectory (%s: %s)", type(error).__name__, first_line(error))
-        return {"error": f"{type(error).__name__}: {first_line(error)}"}
+        log.warning("could not keep the τ² trajectory (%s: %s)", type(error).__name__, error_line(error))
+        return {"error": f"{type(error).__name__}: {error_line(error)}"}
 
 
 def tau2_extras(out: Path, records: Sequence[EpisodeRecord], members: Mapping[str, str],
@@ -66,7 +66,7 @@ def tau2_extras(out: Path, records: Sequence[EpisodeRecord], members: Mapping[st
             extras["pass_hat_k"] = by_k((f"{r.member}/{r.scenario}", r) for r in records)
             extras["pass_hat_k_per_member"] = per_member
         except ValueError as error:  # e.g. an incomplete evaluation: some task has fewer than k trials
-            extras["error"] = f"pass^k not computed: {first_line(error)}"
+            extras["error"] = f"pass^k not computed: {error_line(error)}"
             log.error(extras["error"])
     else:
         extras["pass_hat_k"] = None
@@ -83,7 +83,7 @@ def tau2_extras(out: Path, records: Sequence[EpisodeRecord], members: Mapping[st
                                num_trials=trials, env_id=settings["env"], **limits)
             files[m] = str(path.relative_to(out))
         except Exception as error:  # the summary and report are still written
-            extras.setdefault("results_errors", {})[m] = f"{type(error).__name__}: {first_line(error)}"
+            extras.setdefault("results_errors", {})[m] = f"{type(error).__name__}: {error_line(error)}"
             log.error("τ² results file for member %s not written: %s", m, extras["results_errors"][m])
     extras["results_files"] = files
     return extras

@@ -31,8 +31,6 @@ pool size).
 from __future__ import annotations
 
 import dataclasses
-import json
-import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
@@ -43,8 +41,10 @@ import numpy as np
 from simpop.train.cotrain import CoTrainConfig
 from simpop.train.grpo import GRPOConfig
 from simpop.train.pool import PoolConfig
-from simpop.validation import check_fields
+from simpop.validation import at_least_one, check_fields
 from simpop.experiments.conditions import BASE_SPEC, GROW_EVERY, probe_specs
+from simpop.experiments.runs import (Seeded, finished_evaluations, merge_records, run_experiment, run_folder,
+                                     train_run, write_report)
 
 CONDITIONS = ("fixed", "failure", "failure-keep-base", "population")
 #: Run by default (failure-keep-base was added after the first results; see the module docstring).
@@ -53,7 +53,7 @@ ENV_ID = "simpop/PersuasionAct-v0"
 
 
 @dataclass(frozen=True)
-class AdaptiveConfig:
+class AdaptiveConfig(Seeded):
     """Settings of ``simpop experiment adaptive`` (flags are generated from these fields).
 
     Attributes:
@@ -107,14 +107,8 @@ class AdaptiveConfig:
         if unknown or not self.conditions or len(set(self.conditions)) != len(self.conditions):
             raise ValueError(f"AdaptiveConfig: conditions must be distinct and from {', '.join(CONDITIONS)}; "
                              f"got {list(self.conditions)}")
-        for key in ("seeds", "updates", "eval_every", "eval_episodes", "grow_every", "max_turns", "workers",
-                    "threads", "heldout_personas"):
-            if getattr(self, key) < 1:
-                raise ValueError(f"AdaptiveConfig: {key} must be >= 1, got {getattr(self, key)}")
-
-    @property
-    def seed_list(self) -> list[int]:
-        return list(range(self.first_seed, self.first_seed + self.seeds))
+        at_least_one(self, ("seeds", "updates", "eval_every", "eval_episodes", "grow_every", "max_turns", "workers",
+                            "threads", "heldout_personas"))
 
     def collapse_config(self):
         """The collapse experiment's act-level config with this experiment's shared settings (panel, trainers)."""
@@ -170,62 +164,44 @@ def write_card(run_dir: Path, config: AdaptiveConfig, condition: str, seed: int)
 
 
 def build_trainer(condition: str, config: AdaptiveConfig, seed: int, env: Any, heldout: Any):
-    """The trainer of one condition and seed (``heldout``: the panel generated simulators must stay clear of)."""
+    """The trainer of one condition and seed (``heldout``: the panel generated simulators must stay clear of):
+    :func:`~simpop.experiments.conditions.pool_trainer` (growing for the failure conditions) or population
+    co-training."""
     from simpop.agents.policy import build_policy
     from simpop.experiments import conditions
-    from simpop.simulators.population import Population
-    from simpop.simulators.registry import build_many, load_panel
-    from simpop.train.grpo import GRPOTrainer
-    from simpop.train.pool import AdaptivePoolTrainer, PoolGrower
 
     if condition == "population":
         return conditions.build_trainer("population", config.collapse_config(), seed, env)
     model, grpo = policy_configs(config, seed)
     policy = build_policy(env, model, grpo.sampling(), seed)
-    pool = Population(build_many(initial_pool(config, condition, seed), env), name=f"{condition}-pool")
-    inner = GRPOTrainer(ENV_ID, policy, pool, grpo, env_kwargs={"max_turns": config.max_turns})
-    grower = None
-    if condition.startswith("failure"):
-        probe = load_panel({"name": "probe", "members": probe_specs()}, env)
-        grower = PoolGrower(ENV_ID, env, inner, probe, heldout, config=config.pool, seed=seed,
-                            env_kwargs={"max_turns": config.max_turns},
-                            protected={"base"} if condition == "failure-keep-base" else ())
-    return AdaptivePoolTrainer(inner, grower, config.grow_every, env=env)
+    return conditions.pool_trainer(config.collapse_config(), seed, env, policy, grpo,
+                                   initial_pool(config, condition, seed), f"{condition}-pool", heldout, config.pool,
+                                   config.grow_every, {"base"} if condition == "failure-keep-base" else (),
+                                   grow=condition.startswith("failure"))
 
 
 def run_one(config: AdaptiveConfig, condition: str, seed: int, out: Path, resume: bool,
             report: Callable[[str, int, int, dict[str, Any]], None] | None = None, report_to: str = "none") -> Path:
-    """Train and evaluate one (condition, seed) through :func:`simpop.train.loop.run`; its run folder.
+    """Train and evaluate one (condition, seed) with :func:`~simpop.experiments.runs.train_run`; its run folder.
     ``report_to``: its experiment trackers (:mod:`simpop.evaluation.trackers`)."""
-    import torch
-
-    from simpop import checkpoint
     from simpop.envs.registration import make
     from simpop.evaluation.panel import EnvPool
     from simpop.experiments import conditions
-    from simpop.train.loop import LoopConfig, run
 
-    run_dir = out / "runs" / condition / f"seed{seed}"
-    write_card(run_dir, config, condition, seed)
-    saved = checkpoint.latest(run_dir) if resume else None
-    if saved is not None and int(saved.stem.split("_")[1]) >= config.updates:
-        return run_dir
-    threads = torch.get_num_threads()
-    torch.set_num_threads(config.threads)
-    try:
-        torch.manual_seed(seed)
-        env_kwargs: dict[str, Any] = {"max_turns": config.max_turns}
-        env = make(ENV_ID, **env_kwargs)
-        heldout = conditions.build_panel(config.collapse_config(), env)
+    write_card(run_folder(out, condition, seed), config, condition, seed)
+    shared = config.collapse_config()
+
+    def start(env: Any) -> tuple[Any, dict[str, Any]]:
+        heldout = conditions.build_panel(shared, env)
         trainer = build_trainer(condition, config, seed, env, heldout)
         heldout.check_disjoint([trainer.training_simulator], strict=True)
         eval_seed = 1_000_003 + seed
         batch = config.grpo.batch_size
-        envs = EnvPool(lambda: make(ENV_ID, **env_kwargs))  # one set of envs for every evaluation
+        envs = EnvPool(lambda: make(ENV_ID, **shared.env_kwargs()))  # one set of envs for every evaluation
 
         def evaluation(step: int) -> dict[str, Any]:
             record, _, _ = conditions.evaluate_run(ENV_ID, trainer, heldout, config.eval_episodes, eval_seed,
-                                                 env_kwargs, envs)
+                                                 shared.env_kwargs(), envs)
             grower = getattr(trainer, "grower", None)
             probes = grower.probe_dialogues if grower is not None else 0
             pool = trainer.training_simulator
@@ -233,14 +209,9 @@ def run_one(config: AdaptiveConfig, condition: str, seed: int, out: Path, resume
             return {**record, "pool_size": size, "training_dialogues": step * batch, "probe_dialogues": probes,
                     "dialogues": step * batch + probes}
 
-        loop = LoopConfig(save_every=config.eval_every, keep_checkpoints=2, eval_every=config.eval_every,
-                          report_to=report_to)
-        run(trainer, config.updates, run_dir, config=loop, resume=resume, evaluate=evaluation,
-            report=(lambda step, record: report(condition, seed, step, record)) if report is not None else None,
-            name=f"{condition}/seed{seed}", group=out.name)
-    finally:
-        torch.set_num_threads(threads)
-    return run_dir
+        return trainer, {"evaluate": evaluation}
+
+    return train_run(shared, condition, seed, out, resume, config.threads, start, report, report_to)
 
 
 # ============================================================================================ summary
@@ -254,10 +225,7 @@ def summarise(records: Sequence[dict[str, Any]], config: AdaptiveConfig, wall_ti
     for condition in config.conditions:
         values: dict[str, list[float]] = {}
         for seed in config.seed_list:
-            evals = sorted((r for r in records if r["condition"] == condition and r["seed"] == seed
-                            and r["kind"] == "eval"), key=lambda r: r["step"])
-            if not evals or evals[-1]["step"] != config.updates:
-                raise RuntimeError(f"run {condition}/seed{seed} is incomplete; rerun with --resume to finish it")
+            evals, _ = finished_evaluations(records, condition, seed, config.updates)
             last, first = evals[-1], evals[0]
             row = {"heldout_success": last["heldout_success"], "train_success": last["train_success"],
                    "initial_heldout_success": first["heldout_success"],
@@ -334,18 +302,12 @@ def verdict(comparison: dict[str, Any]) -> str:
 
 def plot(records: Sequence[dict[str, Any]], out: Path, order: Sequence[str]) -> list[Path]:
     """Held-out success by update and by dialogues run, and pool size by update (mean, 95% CI over seeds)."""
-    import matplotlib
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-
-    from simpop.experiments.collapse_report import plot_curves
+    from simpop.experiments.collapse_report import PLOTS, figure, plot_curves, save
 
     paths = plot_curves(records, out, order, plots=(
-        ("heldout_success", "eval", "heldout_success", "held-out panel success", (0.0, 1.0)),
-        ("pool_size", "eval", "pool_size", "training pool size", (0.0, None))))
+        PLOTS[0], ("pool_size", "eval", "pool_size", "training pool size", (0.0, None))))
     # compute curve: held-out success against all dialogues run (training + probe), mean over seeds
-    fig, ax = plt.subplots(figsize=(6.4, 4.0), dpi=110)
+    fig, ax = figure(figsize=(6.4, 4.0))
     for name in order:
         evals = [r for r in records if r["condition"] == name and r["kind"] == "eval"]
         steps = sorted({r["step"] for r in evals})
@@ -357,76 +319,23 @@ def plot(records: Sequence[dict[str, Any]], out: Path, order: Sequence[str]) -> 
     ax.set_ylabel("held-out panel success")
     ax.grid(alpha=0.3)
     ax.legend(fontsize=8)
-    fig.tight_layout()
-    paths.append(out / "compute.png")
-    fig.savefig(paths[-1])
-    plt.close(fig)
-    return paths
+    return [*paths, save(fig, out / "compute.png")]
 
 
 def write_outputs(out: Path, config: AdaptiveConfig, wall_time_s: float, report_to: str = "none") -> Path:
     """Write the experiment's ``metrics.jsonl``, ``summary.json``, report and plots into ``out`` and log the plots to
     the trackers ``report_to`` names; returns the report's path.
     """
-    from simpop.evaluation.trackers import log_report
-    from simpop.experiments import conditions
-    from simpop.train.config import to_dict
-
-    records = conditions.read_records(out, config)
-    with (out / "metrics.jsonl").open("w") as f:
-        for record in records:
-            f.write(json.dumps(record, sort_keys=True, default=str) + "\n")
+    records = merge_records(out, config)
     summary = summarise(records, config, wall_time_s)
-    (out / "summary.json").write_text(json.dumps(summary, indent=2, default=str))
     plots = plot(records, out, config.conditions)
-    report = out / "report.md"
-    report.write_text(render_report(summary, plots))
-    log_report(report_to, out, plots, config.updates, to_dict(config))
-    return report
+    return write_report(out, config, summary, render_report(summary, plots), plots, report_to)
 
 
 # ============================================================================================ driver
-def _worker(args: tuple[AdaptiveConfig, str, int, str, bool, str]) -> tuple[str, int]:
-    config, condition, seed, out, resume, report_to = args
-    run_one(config, condition, seed, Path(out), resume, report_to=report_to)
-    return condition, seed
-
-
 def run_adaptive(config: AdaptiveConfig, out: str | Path, resume: bool = False, progress: bool = True,
                  report_to: str = "none") -> Path:
     """Run every (condition, seed) in ``config.workers`` processes, then write the outputs; the report's path.
     ``report_to``: the experiment trackers of every run and of the plots (:mod:`simpop.evaluation.trackers`)."""
-    from simpop.progress import progress_bar
-    from simpop.train.config import changed_settings, to_dict
-
-    out = Path(out)
-    if not resume and (out / "runs").exists():
-        raise FileExistsError(f"{out} already holds a run: pass --resume to continue it, or choose another --out")
-    out.mkdir(parents=True, exist_ok=True)
-    saved = to_dict(config)
-    config_path = out / "config.json"
-    changed = changed_settings(json.loads(config_path.read_text()), config, AdaptiveConfig()) \
-        if resume and config_path.exists() else []
-    if changed:
-        raise ValueError(f"--resume with different settings ({', '.join(changed)}) than the run in {out}; use the "
-                         f"same flags or another --out")
-    config_path.write_text(json.dumps(saved, indent=2))
-    tasks = [(c, s) for s in config.seed_list for c in config.conditions]
-    started = time.perf_counter()
-    bar = progress_bar(len(tasks), "adaptive", unit="run", disable=not progress)
-    if config.workers == 1 or len(tasks) == 1:
-        for condition, seed in tasks:
-            run_one(config, condition, seed, out, resume, report_to=report_to)
-            bar.update(1)
-    else:
-        import concurrent.futures
-        import multiprocessing
-
-        context = multiprocessing.get_context("spawn")
-        with concurrent.futures.ProcessPoolExecutor(config.workers, mp_context=context) as pool:
-            futures = [pool.submit(_worker, (config, c, s, str(out), resume, report_to)) for c, s in tasks]
-            for future in concurrent.futures.as_completed(futures):
-                future.result()
-                bar.update(1)
-    bar.close()
-    return write_outputs(out, config, time.perf_counter() - started, report_to)
+    out, wall_time_s = run_experiment(run_one, config, out, resume, AdaptiveConfig(), progress, report_to)
+    return write_outputs(out, config, wall_time_s, report_to)

@@ -78,7 +78,6 @@ and skips finished runs. ``report_to`` (``--report-to``) logs every run and the 
 from __future__ import annotations
 
 import dataclasses
-import json
 import math
 import time
 from collections.abc import Callable, Sequence
@@ -90,10 +89,12 @@ import numpy as np
 from simpop.experiments.conditions import (COTRAINED, CORPUS_PANEL_TEMPERATURES, GROW_EVERY, PANEL_JITTER,
                                            PANEL_TEMPERATURES, ROBUST_PANEL_TEMPERATURES, ROTATE_EVERY,
                                            TEXT_PANEL_LLM_TEMPERATURES, CollapseConfig, build_panel, build_trainer,
-                                           condition_cotrain, evaluate_run, extra_panels, one_server, read_records,
+                                           condition_cotrain, evaluate_run, extra_panels, one_server,
                                            shared_model_members, simulator_backends, simulator_specs, write_card)
+from simpop.experiments.runs import (finished_evaluations, merge_records, run_experiment, run_folder, train_run,
+                                     write_report)
+from simpop.train.config import to_dict
 from simpop.train.cotrain import CoTrainConfig
-from simpop.train.config import changed_settings, to_dict
 
 #: Dialogues the training simulator plays for its realism index at the last evaluation (act level).
 REALISM_EPISODES = 128
@@ -101,31 +102,19 @@ REALISM_EPISODES = 128
 def run_one(config: CollapseConfig, condition: str, seed: int, out: Path, resume: bool,
             report: Callable[[str, int, int, dict[str, float]], None] | None = None,
             report_to: str = "none") -> Path:
-    """Train and evaluate one (condition, seed) with :func:`simpop.train.loop.run`; returns its run folder.
+    """Train and evaluate one (condition, seed) with :func:`~simpop.experiments.runs.train_run`; returns its run folder.
 
     With ``resume``, continue from the run's newest checkpoint (a finished run is left as it is). ``report_to``:
     the run's experiment trackers (:mod:`simpop.evaluation.trackers`), named ``<condition>/seed<k>`` in the group
     named after ``out``.
     """
-    import torch
-
-    from simpop import checkpoint
     from simpop.agents.vllm_backend import on_policy_server
     from simpop.envs.registration import make
     from simpop.evaluation.panel import EnvPool, evaluate
-    from simpop.train.loop import LoopConfig, run
 
-    run_dir = out / "runs" / condition / f"seed{seed}"
-    write_card(run_dir, config, condition, seed)
-    saved = checkpoint.latest(run_dir) if resume else None
-    if saved is not None and int(saved.stem.split("_")[1]) >= config.updates:
-        return run_dir
-    threads = torch.get_num_threads()
-    # Act level: tiny matrices, where extra threads only spin (and crawl on a busy machine).
-    torch.set_num_threads(config.threads or (1 if config.level == "act" else threads))
-    try:
-        torch.manual_seed(seed)
-        env = make(config.env_id, **config.env_kwargs())
+    write_card(run_folder(out, condition, seed), config, condition, seed)
+
+    def start(env: Any) -> tuple[Any, dict[str, Any]]:
         backends = simulator_backends(config)  # one copy of the simulators' model for training and the panel
         trainer = build_trainer(condition, config, seed, env, backends)
         backends = on_policy_server(backends, trainer.policy)  # the panels' LLM members generate there too
@@ -155,19 +144,16 @@ def run_one(config: CollapseConfig, condition: str, seed: int, out: Path, resume
                 record.update(training_realism(trainer.training_simulator, eval_seed))
             return {**record, **cost.resume()}
 
-        loop = LoopConfig(save_every=config.eval_every, keep_checkpoints=2, eval_every=config.eval_every,
-                          report_to=report_to)
-
         def observe(step: int, record: dict[str, Any]) -> None:
             cost.observe(record)
             if report is not None:
                 report(condition, seed, step, record)
 
-        run(trainer, config.updates, run_dir, config=loop, resume=resume, evaluate=evaluation, report=observe,
-            name=f"{condition}/seed{seed}", group=out.name)
-    finally:
-        torch.set_num_threads(threads)
-    return run_dir
+        return trainer, {"evaluate": evaluation, "report": observe}
+
+    # Act level: tiny matrices, where extra threads only spin (and crawl on a busy machine).
+    threads = config.threads or (1 if config.level == "act" else None)
+    return train_run(config, condition, seed, out, resume, threads, start, report_to=report_to)
 
 
 class Cost:
@@ -212,11 +198,7 @@ def summarise(records: Sequence[dict[str, Any]], config: CollapseConfig, descrip
         values: dict[str, list[float]] = {}
         units: dict[str, list[list[float]] | None] = {}  # one seed: the dialogues / updates inside it
         for seed in config.seed_list:
-            mine = [r for r in records if r["condition"] == condition and r["seed"] == seed]
-            evals = sorted((r for r in mine if r["kind"] == "eval"), key=lambda r: r["step"])
-            trains = [r for r in mine if r["kind"] == "train"]
-            if not evals or evals[-1]["step"] != config.updates or evals[0]["step"] != 0:
-                raise RuntimeError(f"run {condition}/seed{seed} is incomplete; rerun with --resume to finish it")
+            evals, trains = finished_evaluations(records, condition, seed, config.updates)
             first, last = evals[0], evals[-1]
             row = {"train_success": last["train_success"], "heldout_success": last["heldout_success"],
                    "collapse_gap": last["collapse_gap"], "policy_entropy": last["policy_entropy"],
@@ -251,11 +233,7 @@ def summarise(records: Sequence[dict[str, Any]], config: CollapseConfig, descrip
     summary = {
         "setup": {"level": config.level, "env_id": config.env_id, "seeds": config.seed_list, "updates": config.updates,
                   "batch_size": config.grpo.batch_size, "eval_every": config.eval_every,
-                  "eval_episodes": config.eval_episodes, "panel": panel_description(config),
-                  "robust_panel": robust_panel_description(config) if config.robust_panel else None,
-                  "human_panel": human_panel_description(config) if config.human_panel != "none" else None,
-                  "corpus_panel": corpus_panel_description(config) if config.corpus_panel else None,
-                  "config": to_dict(config)},
+                  "eval_episodes": config.eval_episodes, **panel_descriptions(config), "config": to_dict(config)},
         "wall_time_s": wall_time_s,
         "conditions": conditions,
     }
@@ -287,44 +265,38 @@ def _rise(values: Sequence[float]) -> float:
     return float(np.mean(late) - np.mean(early)) if early else 0.0
 
 
-def panel_description(config: CollapseConfig) -> str:
-    """The held-out panel, for the report."""
-    text = ("three native persuadee models training never uses (base act effects, modulations and trait "
-            f"weights jittered by exp(N(0, {PANEL_JITTER}^2)), recalibrated to the corpus donor rate), "
-            "sampled at temperatures " + ", ".join(f"{t:g}" for t in PANEL_TEMPERATURES)
-            + ", each playing personas drawn from the persona sampler with a held-out seed (no training "
-              "persona among them)")
-    if config.level == "text":
-        model = config.sim_model or config.model.model
-        text += (f"; realised as text, plus LLM {model} sampled at temperature "
-                 + ", ".join(f"{t:g}" for t in TEXT_PANEL_LLM_TEMPERATURES)
-                 + " playing the same held-out personas (the training simulators' model: held out by persona and "
-                   "decoding only)")
-    return text
-
-
-def robust_panel_description(config: CollapseConfig) -> str:
-    """The robustness panel, for the report."""
-    return ("three native persuadee models whose persuasive strategies' effects and persona modulations are "
-            "permuted among the strategies (which strategy works is reassigned, not perturbed), recalibrated to the "
-            "corpus donor rate, sampled at temperatures " + ", ".join(f"{t:g}" for t in ROBUST_PANEL_TEMPERATURES)
-            + f", playing {config.heldout_personas} personas whose every attribute is uniform over its values (not "
-              "the population sampler's marginals): built by another procedure than the held-out panel")
-
-
-def human_panel_description(config: CollapseConfig) -> str:
-    """The human-fitted panel, for the report."""
+def panel_descriptions(config: CollapseConfig) -> dict[str, str | None]:
+    """The panels, for the report: ``panel`` (held-out), ``robust_panel``, ``human_panel`` and ``corpus_panel`` (None:
+    not evaluated)."""
     from simpop.evaluation.panels import panel_definition
 
-    return f"`{config.human_panel}`: " + panel_definition(config.human_panel).description
+    def temperatures(values: Sequence[float]) -> str:
+        return ", ".join(f"{t:g}" for t in values)
 
-
-def corpus_panel_description(config: CollapseConfig) -> str:
-    """The corpus panel, for the report."""
-    return ("three native persuadee models fitted to bootstrap resamples of the P4G corpus in "
-            f"{config.corpus_panel} (response acts from its annotated dialogues, strategy effects by logistic "
-            "regression, calibrated to the resample's donor rate and mean donation), sampled at temperatures "
-            + ", ".join(f"{t:g}" for t in CORPUS_PANEL_TEMPERATURES) + ", playing the corpus's real persuadees")
+    held = ("three native persuadee models training never uses (base act effects, modulations and trait "
+            f"weights jittered by exp(N(0, {PANEL_JITTER}^2)), recalibrated to the corpus donor rate), "
+            f"sampled at temperatures {temperatures(PANEL_TEMPERATURES)}, each playing personas drawn from the persona "
+            "sampler with a held-out seed (no training persona among them)")
+    if config.level == "text":
+        held += (f"; realised as text, plus LLM {config.sim_model or config.model.model} sampled at temperature "
+                 f"{temperatures(TEXT_PANEL_LLM_TEMPERATURES)} playing the same held-out personas (the training "
+                 "simulators' model: held out by persona and decoding only)")
+    return {
+        "panel": held,
+        "robust_panel": "three native persuadee models whose persuasive strategies' effects and persona modulations "
+                        "are permuted among the strategies (which strategy works is reassigned, not perturbed), "
+                        "recalibrated to the corpus donor rate, sampled at temperatures "
+                        f"{temperatures(ROBUST_PANEL_TEMPERATURES)}, playing {config.heldout_personas} personas whose "
+                        "every attribute is uniform over its values (not the population sampler's marginals): built "
+                        "by another procedure than the held-out panel" if config.robust_panel else None,
+        "human_panel": f"`{config.human_panel}`: {panel_definition(config.human_panel).description}"
+                       if config.human_panel != "none" else None,
+        "corpus_panel": "three native persuadee models fitted to bootstrap resamples of the P4G corpus in "
+                        f"{config.corpus_panel} (response acts from its annotated dialogues, strategy effects by "
+                        "logistic regression, calibrated to the resample's donor rate and mean donation), sampled at "
+                        f"temperatures {temperatures(CORPUS_PANEL_TEMPERATURES)}, playing the corpus's real persuadees"
+                        if config.corpus_panel else None,
+    }
 
 
 def descriptions(config: CollapseConfig) -> dict[str, str]:
@@ -399,37 +371,16 @@ def write_outputs(out: Path, config: CollapseConfig, wall_time_s: float, report_
     """Merge run metrics into ``metrics.jsonl``; write ``summary.json``, plots and ``report.md``; log the plots to
     the trackers ``report_to`` names (:func:`simpop.evaluation.trackers.log_report`)."""
     from simpop.experiments.collapse_report import judge_claims, judged, plot_curves, plot_per_seed, render_report
-    from simpop.evaluation.trackers import log_report
 
-    records = read_records(out, config)
-    with (out / "metrics.jsonl").open("w") as f:
-        for record in records:
-            f.write(json.dumps(record, sort_keys=True) + "\n")
+    records = merge_records(out, config)
     summary = summarise(records, config, descriptions(config), wall_time_s)
-    (out / "summary.json").write_text(json.dumps(summary, indent=2, default=_json_default))
     plots = plot_curves(records, out, order=config.conditions) + plot_per_seed(records, out, order=config.conditions)
     verdicts = judge_claims(summary["conditions"]) if judged(summary["conditions"]) else []
-    report = out / "report.md"
-    report.write_text(render_report(summary, verdicts, [str(p) for p in plots]))
-    log_report(report_to, out, plots, config.updates, to_dict(config))
-    return report
-
-
-def _json_default(value: Any) -> Any:
-    if isinstance(value, np.generic):
-        return value.item()
-    raise TypeError(f"cannot write {type(value).__name__} to JSON")
+    return write_report(out, config, summary, render_report(summary, verdicts, [str(p) for p in plots]), plots,
+                        report_to)
 
 
 # ============================================================================================ driver
-def _worker(args: tuple[CollapseConfig, str, int, str, bool, Any, str]) -> tuple[str, int, float]:
-    config, condition, seed, out, resume, queue, report_to = args
-    start = time.perf_counter()
-    report = (lambda c, s, step, m: queue.put((c, s, step, m))) if queue is not None else None
-    run_one(config, condition, seed, Path(out), resume, report, report_to)
-    return condition, seed, time.perf_counter() - start
-
-
 def run_collapse(config: CollapseConfig, out: str | Path, resume: bool = False, progress: bool = True,
                  report_to: str = "none") -> Path:
     """Run every (condition, seed) (in ``config.workers`` processes), then write the outputs; the report's path.
@@ -438,72 +389,11 @@ def run_collapse(config: CollapseConfig, out: str | Path, resume: bool = False, 
     Raises:
         FileExistsError: ``out`` holds an earlier run and ``resume`` is False.
     """
-    out = Path(out)
-    if not resume and (out / "runs").exists():
-        raise FileExistsError(f"{out} already holds a run: pass --resume to continue it, or choose another --out")
-    out.mkdir(parents=True, exist_ok=True)
-    config_path = out / "config.json"
-    saved = to_dict(config)
-    if resume and config_path.exists():
-        # runs saved before the human-fitted panel existed had none: resuming them needs --human-panel none
-        earlier = dataclasses.replace(CollapseConfig(level=config.level), human_panel="none")
-        changed = changed_settings(json.loads(config_path.read_text()), config, earlier)
-        if changed:
-            raise ValueError(f"--resume with different settings ({', '.join(changed)}) than the run in {out}; "
-                             f"resume with the same flags or use another --out")
-    config_path.write_text(json.dumps(saved, indent=2))
-    tasks = [(c, s) for s in config.seed_list for c in config.conditions]
+    # runs saved before the human-fitted panel existed had none: resuming them needs --human-panel none
+    earlier = dataclasses.replace(CollapseConfig(level=config.level), human_panel="none")
     # Runs that co-train more simulators take longer: they start first, so that the last to finish are short.
-    tasks.sort(key=lambda task: -len(simulator_specs(task[0], config)) * (task[0].partition("+")[0] in COTRAINED))
-    started = time.perf_counter()
-    bar = Progress(len(tasks) * config.updates, progress)
-    with one_server(config) as runs:  # --model.generator vllm:launch: one server for every run
-        if config.workers == 1 or len(tasks) == 1:
-            for condition, seed in tasks:
-                run_one(runs, condition, seed, out, resume, bar.report, report_to)
-        else:
-            import concurrent.futures
-            import multiprocessing
-
-            context = multiprocessing.get_context("spawn")
-            with context.Manager() as manager:
-                queue = manager.Queue()
-                with concurrent.futures.ProcessPoolExecutor(config.workers, mp_context=context) as pool:
-                    futures = [pool.submit(_worker, (runs, c, s, str(out), resume, queue, report_to))
-                               for c, s in tasks]
-                    while not all(f.done() for f in futures):
-                        bar.drain(queue)
-                        time.sleep(0.2)
-                    bar.drain(queue)
-                    for f in futures:
-                        f.result()  # re-raise a worker's error here
-    bar.close()
-    return write_outputs(out, config, time.perf_counter() - started, report_to)
-
-
-class Progress:
-    """A tqdm bar over all updates of all runs, with the latest held-out success per condition."""
-
-    def __init__(self, total: int, enabled: bool):
-        from simpop.progress import progress_bar
-
-        self.bar = progress_bar(total, "collapse", unit="update", disable=not enabled)
-        self.heldout: dict[str, float] = {}
-
-    def report(self, condition: str, seed: int, step: int, record: dict[str, Any]) -> None:
-        """Count a finished update, or show a new held-out success, of ``(condition, seed)``."""
-        if record.get("kind") == "train":
-            self.bar.update(1)
-        elif "heldout_success" in record and not math.isnan(record["heldout_success"]):
-            self.heldout[condition] = record["heldout_success"]
-            self.bar.set_postfix({f"{c}": f"{v:.2f}" for c, v in self.heldout.items()}, refresh=False)
-
-    def drain(self, queue: Any) -> None:
-        """Report every record waiting in ``queue`` (from worker processes)."""
-        while not queue.empty():
-            self.report(*queue.get())
-
-    def close(self) -> None:
-        """Close the progress bar."""
-        self.bar.close()
-
+    out, wall_time_s = run_experiment(
+        run_one, config, out, resume, earlier, progress, report_to,
+        order=lambda task: -len(simulator_specs(task[0], config)) * (task[0].partition("+")[0] in COTRAINED),
+        runs=one_server(config))  # --model.generator vllm:launch: one server for every run
+    return write_outputs(out, config, wall_time_s, report_to)

@@ -403,13 +403,12 @@ def people_section(conditions: Mapping[str, Any]) -> str:
              f"human-fitted: condition - {FROZEN} (paired) | training-sim realism index |", "|---|---|---|---|---|---|"]
     for name, cond in conditions.items():
         m = cond["metrics"]
-        gap = _compare(conditions, "", (name, "human_success"), (name, "train_success"))
-        versus = (_compare(conditions, "", (name, "human_success"), (FROZEN, "human_success"))
+        gap = asdict(_compare(conditions, "", (name, "human_success"), (name, "train_success")))
+        versus = (asdict(_compare(conditions, "", (name, "human_success"), (FROZEN, "human_success")))
                   if FROZEN in conditions and name != FROZEN else None)
         lines.append(f"| {name} | {cell(m.get('train_success'))} | {cell(m.get('human_success'))} | "
-                     f"{gap.mean:+.3f} [{gap.ci_low:+.3f}, {gap.ci_high:+.3f}] | "
-                     + (f"{versus.mean:+.3f} [{versus.ci_low:+.3f}, {versus.ci_high:+.3f}]" if versus else "")
-                     + f" | {cell(m.get('realism_index'))} |")
+                     f"{cell(gap, signed=True)} | {cell(versus, signed=True) if versus else ''} | "
+                     f"{cell(m.get('realism_index'))} |")
     return "\n".join(lines)
 
 
@@ -511,11 +510,6 @@ def curves(records: Sequence[Mapping[str, Any]], kind: str, metric: str
 def plot_curves(records: Sequence[Mapping[str, Any]], out_dir: str | Path, order: Sequence[str] = (),
                 plots: Sequence[tuple[str, str, str, str, tuple[float, float | None]]] = PLOTS) -> list[Path]:
     """Write one PNG per ``plots`` entry (as in :data:`PLOTS`; a line per condition, 95% CI band over seeds)."""
-    import matplotlib
-
-    matplotlib.use("Agg")  # files only, no display
-    import matplotlib.pyplot as plt
-
     out_dir = Path(out_dir)
     paths = []
     for stem, kind, metric, label, (low, high) in plots:
@@ -523,7 +517,7 @@ def plot_curves(records: Sequence[Mapping[str, Any]], out_dir: str | Path, order
         if not data:
             continue
         names = [c for c in order if c in data] + sorted(c for c in data if c not in order)
-        fig, ax = plt.subplots(figsize=(6.4, 4.0), dpi=110)
+        fig, ax = figure(figsize=(6.4, 4.0))
         for name in names:
             steps, mean, lo, hi = data[name]
             (line,) = ax.plot(steps, mean, label=name, linewidth=1.8)
@@ -535,22 +529,13 @@ def plot_curves(records: Sequence[Mapping[str, Any]], out_dir: str | Path, order
         ax.set_title(f"{label} (mean, 95% CI over seeds)", fontsize=10)
         ax.grid(alpha=0.3)
         ax.legend(fontsize=8)
-        fig.tight_layout()
-        path = out_dir / f"{stem}.png"
-        fig.savefig(path)
-        plt.close(fig)
-        paths.append(path)
+        paths.append(save(fig, out_dir / f"{stem}.png"))
     return paths
 
 
 def plot_per_seed(records: Sequence[Mapping[str, Any]], out_dir: str | Path, order: Sequence[str] = (),
                   metrics: Sequence[str] = tuple(PANEL_METRICS)) -> list[Path]:
     """Write ``<metric>_per_seed.png`` per evaluated metric: one panel per condition, a line per seed."""
-    import matplotlib
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-
     paths = []
     for metric in metrics:
         names = list(dict.fromkeys([*order, *sorted({r["condition"] for r in records})]))
@@ -560,8 +545,7 @@ def plot_per_seed(records: Sequence[Mapping[str, Any]], out_dir: str | Path, ord
             continue
         cols = min(4, len(data))
         rows = math.ceil(len(data) / cols)
-        fig, axes = plt.subplots(rows, cols, figsize=(3.2 * cols, 2.6 * rows), dpi=110, sharex=True, sharey=True,
-                                 squeeze=False)
+        fig, axes = figure(rows, cols, figsize=(3.2 * cols, 2.6 * rows), sharex=True, sharey=True, squeeze=False)
         for ax, (name, seeds) in zip(axes.flat, data.items()):
             for _seed, values in sorted(seeds.items()):
                 steps = sorted(values)
@@ -573,9 +557,25 @@ def plot_per_seed(records: Sequence[Mapping[str, Any]], out_dir: str | Path, ord
             ax.set_visible(False)
         fig.supxlabel("policy updates", fontsize=9)
         fig.supylabel(metric.replace("_", " ") + " (one line per seed)", fontsize=9)
-        fig.tight_layout()
-        path = Path(out_dir) / f"{metric}_per_seed.png"
-        fig.savefig(path)
-        plt.close(fig)
-        paths.append(path)
+        paths.append(save(fig, Path(out_dir) / f"{metric}_per_seed.png"))
     return paths
+
+
+def figure(*grid: int, **options: Any) -> tuple[Any, Any]:
+    """A matplotlib figure and its axes (``pyplot.subplots(*grid, **options)`` at 110 dpi), for files only."""
+    import matplotlib
+
+    matplotlib.use("Agg")  # files only, no display
+    import matplotlib.pyplot as plt
+
+    return plt.subplots(*grid, dpi=110, **options)
+
+
+def save(fig: Any, path: Path) -> Path:
+    """Lay ``fig`` out, write it to ``path`` and close it; the path."""
+    import matplotlib.pyplot as plt
+
+    fig.tight_layout()
+    fig.savefig(path)
+    plt.close(fig)
+    return path

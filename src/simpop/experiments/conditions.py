@@ -3,7 +3,7 @@
 The conditions (``frozen``, ``verbalized``, ``cotrain``, ``population``, their objective ablations, and the
 simulator-choice variants ``prioritised``, ``rotation`` and ``failure``), their
 training simulators and trainers, the held-out, robustness and corpus panels, the configuration that sizes them
-(:class:`CollapseConfig`), one evaluation of a run, and reading the runs' records. What each condition and panel
+(:class:`CollapseConfig`) and one evaluation of a run. What each condition and panel
 is, and why: :mod:`simpop.experiments.collapse`, whose experiment runs them; :mod:`simpop.experiments.adaptive`
 and :mod:`simpop.experiments.monitor_calibration` reuse them.
 """
@@ -12,16 +12,16 @@ from __future__ import annotations
 
 import contextlib
 import dataclasses
-import json
 from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Literal
 
 from simpop.agents.policy import ModelConfig
+from simpop.experiments.runs import Seeded
 from simpop.train.cotrain import CoTrainConfig
 from simpop.train.grpo import GRPOConfig
-from simpop.validation import check_fields
+from simpop.validation import at_least_one, check_fields
 
 CONDITIONS = ("frozen", "verbalized", "cotrain", "population", "prioritised", "rotation", "failure")
 #: The conditions run when none are named (the paper's four).
@@ -88,7 +88,7 @@ def default_model(level: str) -> ModelConfig:
 
 
 @dataclass(frozen=True)
-class CollapseConfig:
+class CollapseConfig(Seeded):
     """Settings of ``simpop experiment collapse`` (flags are generated from these fields; the nested
     trainer configs' fields are ``--grpo.lr``, ``--cotrain.sim-lr``, ``--model.dtype``, ...).
 
@@ -192,9 +192,8 @@ class CollapseConfig:
                     condition_cotrain(condition, self.cotrain)
                 except ValueError as error:
                     need(False, f"condition {condition}: {error}")
-        for key in ("seeds", "updates", "eval_every", "eval_episodes", "max_turns", "heldout_personas", "workers",
-                    "verbalized_k"):
-            need(getattr(self, key) >= 1, f"{key} must be >= 1, got {getattr(self, key)}")
+        at_least_one(self, ("seeds", "updates", "eval_every", "eval_episodes", "max_turns", "heldout_personas",
+                            "workers", "verbalized_k"))
         populations = [c for c in self.conditions if c.partition("+")[0] in ("population", "prioritised")]
         need(self.cotrain.pool_size >= 1 and self.cotrain.pool_sample_prob > 0 or not populations,
              "population co-training needs a checkpoint pool: cotrain.pool_size >= 1 and cotrain.pool_sample_prob > 0")
@@ -216,15 +215,6 @@ class CollapseConfig:
     @property
     def env_id(self) -> str:
         return ENV_IDS[self.level]
-
-    @property
-    def seed_list(self) -> list[int]:
-        return list(range(self.first_seed, self.first_seed + self.seeds))
-
-    @property
-    def eval_steps(self) -> list[int]:
-        """Updates after which the policy is evaluated (0 = before training)."""
-        return sorted({*range(0, self.updates + 1, self.eval_every), self.updates})
 
     def env_kwargs(self) -> dict[str, Any]:
         """The env arguments every run uses."""
@@ -404,7 +394,7 @@ def write_card(run_dir: Path, config: CollapseConfig, condition: str, seed: int,
 def build_trainer(condition: str, config: CollapseConfig, seed: int, env: Any,
                   backends: dict[str, Any] | None = None):
     """The trainer of one condition and seed: GRPO against the condition's simulator or rotation, the failure-driven
-    pool (:func:`failure_trainer`), or co-training (``backends``: the simulators' loaded models,
+    pool (:func:`pool_trainer`), or co-training (``backends``: the simulators' loaded models,
     :func:`simulator_backends`)."""
     from simpop.agents.policy import build_policy
     from simpop.agents.vllm_backend import on_policy_server
@@ -418,7 +408,7 @@ def build_trainer(condition: str, config: CollapseConfig, seed: int, env: Any,
     policy = build_policy(env, model, grpo.sampling(), seed)
     backends = on_policy_server(simulator_backends(config) if backends is None else backends, policy)
     if condition == "failure":
-        return failure_trainer(config, seed, env, policy, grpo)
+        return pool_trainer(config, seed, env, policy, grpo, simulator_specs("failure", config), "failure-pool")
     simulators = build_many(simulator_specs(condition, config), env, backends)
     if condition in ("frozen", "verbalized"):
         return GRPOTrainer(config.env_id, policy, simulators[0], grpo, env_kwargs=config.env_kwargs())
@@ -433,21 +423,28 @@ def build_trainer(condition: str, config: CollapseConfig, seed: int, env: Any,
                      condition_cotrain(condition, config.cotrain))
 
 
-def failure_trainer(config: CollapseConfig, seed: int, env: Any, policy: Any, grpo: GRPOConfig):
-    """The ``failure`` condition's trainer: :mod:`simpop.experiments.adaptive`'s failure-driven pool (the base
-    persuadee, grown from the policy's losses on the probe panel every ``grow_every`` updates, checked against the
-    held-out panel, reweighted and pruned; :class:`~simpop.train.pool.PoolConfig`'s defaults)."""
+def pool_trainer(config: CollapseConfig, seed: int, env: Any, policy: Any, grpo: GRPOConfig, members: dict[str, str],
+                 name: str, heldout: Any = None, pool: Any = None, grow_every: int = GROW_EVERY, protected: Any = (),
+                 grow: bool = True):
+    """GRPO against a pool of simulators (``members``: name -> spec) with :class:`~simpop.train.pool.PoolGrower`'s
+    failure-driven growth (``grow``): every ``grow_every`` updates the policy's losses on the probe panel
+    (:func:`probe_specs`) become new members, checked against the held-out panel (``heldout``; default
+    :func:`build_panel`); the pool reweighted and pruned by ``pool`` (default :class:`~simpop.train.pool.PoolConfig`),
+    never the ``protected`` members. The ``failure`` condition is its defaults on the base persuadee;
+    :mod:`simpop.experiments.adaptive` varies it."""
     from simpop.simulators.population import Population
     from simpop.simulators.registry import build_many, load_panel
     from simpop.train.grpo import GRPOTrainer
     from simpop.train.pool import AdaptivePoolTrainer, PoolConfig, PoolGrower
 
-    pool = Population(build_many(simulator_specs("failure", config), env), name="failure-pool")
-    inner = GRPOTrainer(config.env_id, policy, pool, grpo, env_kwargs=config.env_kwargs())
-    probe = load_panel({"name": "probe", "members": probe_specs()}, env)
-    grower = PoolGrower(config.env_id, env, inner, probe, build_panel(config, env), config=PoolConfig(), seed=seed,
+    inner = GRPOTrainer(config.env_id, policy, Population(build_many(members, env), name=name), grpo,
                         env_kwargs=config.env_kwargs())
-    return AdaptivePoolTrainer(inner, grower, GROW_EVERY, env=env)
+    grower = None
+    if grow:
+        probe = load_panel({"name": "probe", "members": probe_specs()}, env)
+        grower = PoolGrower(config.env_id, env, inner, probe, build_panel(config, env) if heldout is None else heldout,
+                            config=pool or PoolConfig(), seed=seed, env_kwargs=config.env_kwargs(), protected=protected)
+    return AdaptivePoolTrainer(inner, grower, grow_every, env=env)
 
 
 def probe_specs() -> dict[str, str]:
@@ -480,18 +477,3 @@ def evaluate_run(env_id: str, trainer: Any, panel: Any, episodes: int, seed: int
               "collapse_gap": train.success - held.success, "policy_entropy": held.entropy,
               **{f"heldout/{k}": v for k, v in held.per_member.items()}}
     return record, held, train
-
-
-# ============================================================================================ runs
-def read_records(out: Path, config: Any) -> list[dict[str, Any]]:
-    """Every run's metrics, tagged with condition and seed, in (condition, seed, line) order (``config``: any
-    experiment config with ``conditions`` and ``seed_list``)."""
-    records = []
-    for condition in config.conditions:
-        for seed in config.seed_list:
-            path = out / "runs" / condition / f"seed{seed}" / "metrics.jsonl"
-            if path.exists():
-                for line in path.read_text().splitlines():
-                    if line.strip():
-                        records.append({"condition": condition, "seed": seed, **json.loads(line)})
-    return records

@@ -28,7 +28,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from simpop.validation import check_fields
+from simpop.experiments.runs import read_jsonl
+from simpop.validation import at_least_one, check_fields
 
 
 @dataclass(frozen=True)
@@ -102,9 +103,7 @@ class DefaultsConfig:
             raise ValueError(f"DefaultsConfig: trainers must be from {', '.join(GRIDS)}, got {self.trainers}")
         if not self.seeds or len(set(self.seeds)) != len(self.seeds):
             raise ValueError(f"DefaultsConfig: seeds must be distinct, at least one, got {self.seeds}")
-        for key in ("updates", "episodes", "window"):
-            if getattr(self, key) < 1:
-                raise ValueError(f"DefaultsConfig: {key} must be >= 1, got {getattr(self, key)}")
+        at_least_one(self, ("updates", "episodes", "window"))
 
 
 def run_one(config: DefaultsConfig, trainer: str, flags: Sequence[str], seed: int, run_dir: Path) -> dict[str, Any]:
@@ -127,8 +126,8 @@ def run_one(config: DefaultsConfig, trainer: str, flags: Sequence[str], seed: in
     if cli.run(args) != 0:
         raise RuntimeError(f"simpop train {trainer} {' '.join(flags)} --seed {seed} failed (see above)")
     wall = time.perf_counter() - start
-    records = [json.loads(line) for line in (run_dir / "metrics.jsonl").read_text().splitlines()]
-    result = {"seed": seed, **outcome(records, config.updates, config.window), "wall_s": wall}
+    result = {"seed": seed, **outcome(read_jsonl(run_dir / "metrics.jsonl"), config.updates, config.window),
+              "wall_s": wall}
     write_atomically(result_path, json.dumps(result, indent=1) + "\n")
     return result
 
@@ -179,21 +178,22 @@ def table(summary: dict[str, Any]) -> str:
     """The markdown tables of ``summary.json``: every cell, the rule's pick, the variants' check."""
     from simpop.experiments.collapse_report import cell
 
+    def cells(row: dict[str, Any]) -> str:
+        return (f"{row['seeds']} | {cell(row.get('heldout'))} | {cell(row.get('gain'), signed=True)} | "
+                f"{row['collapsed']} | {row['wall_s']:.1f}")
+
     lines: list[str] = []
     for trainer, part in summary["grids"].items():
         lines += [f"### {trainer}", "", "| cell | seeds | held-out success (95% CI) | gain over untrained (95% CI) | "
                   "collapsed runs | s / run |", "|---|---|---|---|---|---|"]
         for name, row in part["rows"].items():
-            mark = " **(picked)**" if name == part["picked"] else ""
-            lines.append(f"| `{name}`{mark} | {row['seeds']} | {cell(row.get('heldout'))} | "
-                         f"{cell(row.get('gain'), signed=True)} | {row['collapsed']} | {row['wall_s']:.1f} |")
+            lines.append(f"| `{name}`{' **(picked)**' if name == part['picked'] else ''} | {cells(row)} |")
         lines += ["", f"Rule: {part['reason']}.", ""]
     if summary.get("variants"):
         lines += ["### GRPO variants at the GRPO pick", "", "| algorithm | seeds | held-out success (95% CI) | "
                   "gain over untrained (95% CI) | collapsed runs | s / run | acceptance |", "|---|---|---|---|---|---|---|"]
         for name, row in summary["variants"].items():
-            lines.append(f"| `{name}` | {row['seeds']} | {cell(row.get('heldout'))} | "
-                         f"{cell(row.get('gain'), signed=True)} | {row['collapsed']} | {row['wall_s']:.1f} | "
+            lines.append(f"| `{name}` | {cells(row)} | "
                          f"{'passes' if row['eligible'] else 'fails' if row['complete'] else 'incomplete'} |")
         lines.append("")
     return "\n".join(lines)

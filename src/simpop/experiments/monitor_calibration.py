@@ -23,21 +23,20 @@ with a 95% Student-t CI over the frozen seeds that fired, the detection rate and
 from __future__ import annotations
 
 import json
-import math
-import time
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-import numpy as np
-
-from simpop.validation import check_fields
+from simpop.experiments.conditions import probe_specs
+from simpop.experiments.runs import Seeded, json_default, read_jsonl, run_experiment, run_folder, train_run
+from simpop.validation import at_least_one, check_fields
 
 CONDITIONS = ("frozen", "verbalized", "cotrain")
 
 
 @dataclass(frozen=True)
-class MonitorCalibrationConfig:
+class MonitorCalibrationConfig(Seeded):
     """Settings of ``simpop experiment monitor``.
 
     Attributes:
@@ -66,74 +65,50 @@ class MonitorCalibrationConfig:
         check_fields(self)
         if not self.conditions or set(self.conditions) - set(CONDITIONS):
             raise ValueError(f"MonitorCalibrationConfig: conditions must be from {', '.join(CONDITIONS)}")
-        for key in ("seeds", "updates", "eval_every", "eval_episodes", "probe_every", "probe_episodes", "workers"):
-            if getattr(self, key) < 1:
-                raise ValueError(f"MonitorCalibrationConfig: {key} must be >= 1, got {getattr(self, key)}")
-
-    @property
-    def seed_list(self) -> list[int]:
-        return list(range(self.first_seed, self.first_seed + self.seeds))
+        at_least_one(self, ("seeds", "updates", "eval_every", "eval_episodes", "probe_every", "probe_episodes",
+                            "workers"))
 
 
-def run_one(config: MonitorCalibrationConfig, condition: str, seed: int, out: str,
-            report_to: str = "none") -> dict[str, Any]:
-    """One monitored run (skipped when its folder already holds the finished run); its :func:`outcome`.
+def run_one(config: MonitorCalibrationConfig, condition: str, seed: int, out: Path, resume: bool = True,
+            report: Callable[[str, int, int, dict[str, Any]], None] | None = None, report_to: str = "none") -> Path:
+    """One monitored run with :func:`~simpop.experiments.runs.train_run`, always resumed (whatever ``resume``
+    says: a finished run is left as it is, an unfinished one continues from its newest checkpoint); its run folder.
     ``report_to``: its experiment trackers (:mod:`simpop.evaluation.trackers`)."""
-    import torch
-
-    from simpop.envs.registration import make
     from simpop.evaluation.panel import evaluate
     from simpop.experiments import conditions
-    from simpop.experiments.conditions import probe_specs
     from simpop.simulators.registry import load_panel
-    from simpop.train.loop import LoopConfig, run
+    from simpop.train.loop import LoopConfig
     from simpop.train.monitor import CollapseMonitor
 
-    run_dir = Path(out) / "runs" / condition / f"seed{seed}"
     cc = conditions.CollapseConfig(level="act", seeds=1, updates=config.updates, eval_every=config.eval_every,
                                    eval_episodes=config.eval_episodes, workers=1, threads=1)
-    conditions.write_card(run_dir, cc, condition, seed, experiment="monitor")
-    if finished(run_dir, config):
-        return outcome(run_dir, condition, seed)
-    torch.set_num_threads(1)
-    torch.manual_seed(seed)
-    env = make(cc.env_id, **cc.env_kwargs())
-    trainer = conditions.build_trainer(condition, cc, seed, env)
-    heldout = conditions.build_panel(cc, env)
-    probe_panel = load_panel({"name": "probe", "members": probe_specs()}, env)
-    eval_seed, probe_seed = 1_000_003 + seed, 2_000_003 + seed
+    conditions.write_card(run_folder(out, condition, seed), cc, condition, seed, experiment="monitor")
 
-    def evaluation(step: int) -> dict[str, Any]:
-        held = evaluate(cc.env_id, trainer.policy, heldout, config.eval_episodes, eval_seed, cc.env_kwargs())
-        return {"heldout_success": held.success}
+    def start(env: Any) -> tuple[Any, dict[str, Any]]:
+        trainer = conditions.build_trainer(condition, cc, seed, env)
+        heldout = conditions.build_panel(cc, env)
+        probe_panel = load_panel({"name": "probe", "members": probe_specs()}, env)
+        eval_seed, probe_seed = 1_000_003 + seed, 2_000_003 + seed
 
-    def probe(step: int) -> dict[str, float]:
-        return evaluate(cc.env_id, trainer.policy, probe_panel, config.probe_episodes, probe_seed,
-                        cc.env_kwargs()).per_member
+        def evaluation(step: int) -> dict[str, Any]:
+            held = evaluate(cc.env_id, trainer.policy, heldout, config.eval_episodes, eval_seed, cc.env_kwargs())
+            return {"heldout_success": held.success}
 
-    monitor = CollapseMonitor()
+        def probe(step: int) -> dict[str, float]:
+            return evaluate(cc.env_id, trainer.policy, probe_panel, config.probe_episodes, probe_seed,
+                            cc.env_kwargs()).per_member
+
+        return trainer, {"evaluate": evaluation, "probe": probe, "monitor": CollapseMonitor()}
+
     loop = LoopConfig(save_every=config.updates, keep_checkpoints=1, eval_every=config.eval_every,
                       report_to=report_to, monitor=True, probe_every=config.probe_every,
                       probe_episodes=config.probe_episodes)
-    # resume=True: a run folder left by a killed run (no checkpoint before the last update) starts afresh
-    run(trainer, config.updates, run_dir, config=loop, evaluate=evaluation, probe=probe, monitor=monitor, resume=True,
-        name=f"{condition}/seed{seed}", group=Path(out).name)
-    return outcome(run_dir, condition, seed)
-
-
-def _records(run_dir: Path) -> list[dict[str, Any]]:
-    path = run_dir / "metrics.jsonl"
-    return [json.loads(line) for line in path.read_text().splitlines() if line.strip()] if path.exists() else []
-
-
-def finished(run_dir: Path, config: MonitorCalibrationConfig) -> bool:
-    """Whether ``run_dir`` holds a finished run (its last evaluation at the last update)."""
-    return any(r["kind"] == "eval" and r["step"] == config.updates for r in _records(run_dir))
+    return train_run(cc, condition, seed, out, True, 1, start, report, report_to, loop)
 
 
 def outcome(run_dir: Path, condition: str, seed: int) -> dict[str, Any]:
     """A finished run's outcome from its ``metrics.jsonl``: firing update, stop point, held-out curve, probes."""
-    records = _records(run_dir)
+    records = read_jsonl(run_dir / "metrics.jsonl")
     curve = {r["step"]: r["heldout_success"] for r in records if r["kind"] == "eval"}
     best = max(curve.values())
     warning = [r["step"] for r in records if r["kind"] == "collapse_warning"]
@@ -144,28 +119,25 @@ def outcome(run_dir: Path, condition: str, seed: int) -> dict[str, Any]:
             "curve": {str(s): curve[s] for s in sorted(curve)}, "probes": probes}
 
 
-def _worker(args: tuple[MonitorCalibrationConfig, str, int, str, str]) -> dict[str, Any]:
-    return run_one(*args)
-
-
 def judge(results: list[dict[str, Any]], fired: dict[tuple[str, int], int | None]) -> dict[str, Any]:
     """Lead time (t-CI over frozen seeds that fired), detection and false-alarm rates (Wilson CIs) for firing
     updates ``fired[(condition, seed)]``."""
     from simpop.evaluation.metrics import mean_ci, wilson_ci
+
+    def rate(hits: int, n: int) -> dict[str, Any]:
+        return {**dict(zip(("rate", "ci_low", "ci_high"), wilson_ci(hits, n))), "n": n}
 
     frozen = [r for r in results if r["condition"] == "frozen"]
     leads = [r["stop"] - fired[r["condition"], r["seed"]] for r in frozen
              if fired[r["condition"], r["seed"]] is not None]
     others = [r for r in results if r["condition"] != "frozen"]
     alarms = [r for r in others if fired[r["condition"], r["seed"]] is not None]
-    mean, lo, hi = mean_ci(leads) if leads else (math.nan, math.nan, math.nan)
-    out: dict[str, Any] = {"lead_time": {"mean": mean, "ci_low": lo, "ci_high": hi, "per_seed": leads, "n": len(leads)}}
+    out: dict[str, Any] = {"lead_time": {**dict(zip(("mean", "ci_low", "ci_high"), mean_ci(leads))),
+                                         "per_seed": leads, "n": len(leads)}}
     if frozen:
-        _, dlo, dhi = wilson_ci(len(leads), len(frozen))
-        out["detection"] = {"rate": len(leads) / len(frozen), "ci_low": dlo, "ci_high": dhi, "n": len(frozen)}
+        out["detection"] = rate(len(leads), len(frozen))
     if others:
-        _, flo, fhi = wilson_ci(len(alarms), len(others))
-        out["false_alarms"] = {"rate": len(alarms) / len(others), "ci_low": flo, "ci_high": fhi, "n": len(others),
+        out["false_alarms"] = {**rate(len(alarms), len(others)),
                                "per_condition": {c: sum(r["condition"] == c for r in alarms)
                                                  for c in sorted({r["condition"] for r in others})}}
     return out
@@ -229,29 +201,10 @@ def run_calibration(config: MonitorCalibrationConfig, out: str | Path, resume: b
                     report_to: str = "none") -> Path:
     """Run every (condition, seed) (finished ones are kept with ``resume``), then write summary and report.
     ``report_to``: the experiment trackers of every run (:mod:`simpop.evaluation.trackers`)."""
-    out = Path(out)
-    if (out / "runs").exists() and not resume:
-        raise FileExistsError(f"{out} already holds a run: pass --resume to finish it, or choose another --out")
-    out.mkdir(parents=True, exist_ok=True)
-    tasks = [(config, c, s, str(out), report_to) for s in config.seed_list for c in config.conditions]
-    started = time.perf_counter()
-    if config.workers == 1:
-        results = [run_one(*t) for t in tasks]
-    else:
-        import concurrent.futures
-        import multiprocessing
-
-        with concurrent.futures.ProcessPoolExecutor(config.workers,
-                                                    mp_context=multiprocessing.get_context("spawn")) as pool:
-            results = list(pool.map(_worker, tasks))
-    summary = summarise(results, config, time.perf_counter() - started)
-    (out / "summary.json").write_text(json.dumps(summary, indent=2, default=_json_default))
+    out, wall_time_s = run_experiment(run_one, config, out, resume, MonitorCalibrationConfig(), False, report_to)
+    results = [outcome(run_folder(out, c, s), c, s) for s in config.seed_list for c in config.conditions]
+    summary = summarise(results, config, wall_time_s)
+    (out / "summary.json").write_text(json.dumps(summary, indent=2, default=json_default))
     report = out / "report.md"
     report.write_text(render_report(summary))
     return report
-
-
-def _json_default(value: Any) -> Any:
-    if isinstance(value, np.generic):
-        return value.item()
-    return str(value)

@@ -24,6 +24,7 @@ from typing import Any
 
 import numpy as np
 
+from simpop.experiments.runs import read_jsonl
 from simpop.user_input import ArgumentParser, integer
 
 ENV = "simpop/PersuasionAct-v0"
@@ -87,22 +88,22 @@ def summarise(records: list[dict[str, Any]]) -> dict[str, Any]:
     """Per condition: mean and 95% t-interval over seeds of held-out success after training; paired differences."""
     from simpop.evaluation.metrics import mean_ci
 
+    def ci(values: list[float]) -> dict[str, float]:
+        return dict(zip(("mean", "lo", "hi"), mean_ci(values)))
+
     by: dict[str, dict[int, dict[str, Any]]] = {}
     for r in records:
         by.setdefault(r["condition"], {})[r["seed"]] = r
     out: dict[str, Any] = {"conditions": {}, "differences": {}}
     for condition, runs in by.items():
-        out["conditions"][condition] = {
-            panel: dict(zip(("mean", "lo", "hi"), mean_ci([r["after"][panel] for r in runs.values()])))
-            for panel in ("heldout", "secondary")}
-        out["conditions"][condition]["before_heldout"] = dict(zip(
-            ("mean", "lo", "hi"), mean_ci([r["before"]["heldout"] for r in runs.values()])))
+        out["conditions"][condition] = {panel: ci([r["after"][panel] for r in runs.values()])
+                                        for panel in ("heldout", "secondary")}
+        out["conditions"][condition]["before_heldout"] = ci([r["before"]["heldout"] for r in runs.values()])
     for condition in ("rotate", "self"):
         if condition in by and "frozen" in by:
             seeds = sorted(set(by[condition]) & set(by["frozen"]))
             out["differences"][f"{condition}-frozen"] = {
-                panel: dict(zip(("mean", "lo", "hi"), mean_ci(
-                    [by[condition][s]["after"][panel] - by["frozen"][s]["after"][panel] for s in seeds])))
+                panel: ci([by[condition][s]["after"][panel] - by["frozen"][s]["after"][panel] for s in seeds])
                 for panel in ("heldout", "secondary")}
     return out
 
@@ -119,8 +120,7 @@ def main(argv: list[str] | None = None) -> int:
     args = parser.parse_args(argv)
     args.out.mkdir(parents=True, exist_ok=True)
     records_path = args.out / "runs.jsonl"
-    done = {(r["condition"], r["seed"]) for r in map(json.loads, records_path.read_text().splitlines())} \
-        if records_path.exists() else set()
+    done = {(r["condition"], r["seed"]) for r in read_jsonl(records_path)}
     for seed in range(args.seeds):
         for condition in CONDITIONS:
             if (condition, seed) in done:
@@ -130,8 +130,7 @@ def main(argv: list[str] | None = None) -> int:
                 f.write(json.dumps(record) + "\n")
             print(f"{condition} seed {seed}: held-out {record['before']['heldout']:.3f} -> "
                   f"{record['after']['heldout']:.3f}  ({record['train_s']:.0f} s)", flush=True)
-    records = [json.loads(line) for line in records_path.read_text().splitlines()]
-    summary = {"setup": vars(args) | {"out": str(args.out)}, **summarise(records)}
+    summary = {"setup": vars(args) | {"out": str(args.out)}, **summarise(read_jsonl(records_path))}
     (args.out / "summary.json").write_text(json.dumps(summary, indent=1))
     print(json.dumps({k: v for k, v in summary.items() if k != "setup"}, indent=1))
     return 0

@@ -163,10 +163,7 @@ def table(result: dict[str, Any]) -> str:
 
 def plot(seeds: Sequence[int], values: dict[str, dict[str, list[float]]], out: Path) -> list[Path]:
     """Per-seed plots: final human-fitted success per condition, and each condition minus frozen by seed."""
-    import matplotlib
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
+    from simpop.experiments.collapse_report import figure, save
 
     names = list(values)
     paths = []
@@ -176,7 +173,7 @@ def plot(seeds: Sequence[int], values: dict[str, dict[str, list[float]]], out: P
             ("human_difference_per_seed", "human-fitted success − frozen (paired by seed)",
              lambda n: np.subtract(values[n]["human_success"], values[BASELINE]["human_success"]))):
         shown = names if stem == "human_success_per_seed" else [n for n in names if n != BASELINE]
-        fig, ax = plt.subplots(figsize=(8.0, 4.2), dpi=110)
+        fig, ax = figure(figsize=(8.0, 4.2))
         for i, name in enumerate(shown):
             y = np.asarray(get(name), dtype=float)
             ax.scatter(i + rng.uniform(-0.18, 0.18, len(y)), y, s=9, alpha=0.55)
@@ -189,10 +186,7 @@ def plot(seeds: Sequence[int], values: dict[str, dict[str, list[float]]], out: P
         ax.set_ylabel(label)
         ax.set_title(f"{len(seeds)} seeds ({min(seeds)}-{max(seeds)}); black: mean and 95% CI", fontsize=9)
         ax.grid(alpha=0.3, axis="y")
-        fig.tight_layout()
-        paths.append(out / f"{stem}.png")
-        fig.savefig(paths[-1])
-        plt.close(fig)
+        paths.append(save(fig, out / f"{stem}.png"))
     return paths
 
 

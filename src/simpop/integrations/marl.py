@@ -13,7 +13,7 @@ the policy). :class:`MarlView`, a PettingZoo ``BaseParallelWrapper``, adds the m
   allows only the replies the reference could give there (161 acts x amounts shrink to the ~20 plausible ones, as
   a legal-move mask does in a board game). Maximised with an entropy bonus of 1 this is ``-KL(user || reference)``:
   the user seat learns to reply like the reference population while the policy seat learns to win against it
-  (simpop's ``realism`` co-training objective, with a simulator for the corpus; ``docs/integrations.md``).
+  (simpop's ``realism`` co-training objective, with a simulator for the corpus; ``docs/integrations/torchrl.md``).
 
 **Invalid actions** (out of range, ``-1``, a float, an array: what a loop that ignores the masks may send) follow
 one rule in both seats: *an invalid action earns its seat the least a valid action can earn on that step, and the

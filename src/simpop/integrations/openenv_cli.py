@@ -56,7 +56,8 @@ def configure(parser: argparse.ArgumentParser) -> None:
     models.add_argument("--max-batch", type=integer(1, 4096), default=calls.max_batch,
                         help="most replies in one batched call of an in-process model")
     models.add_argument("--batch-window-ms", type=number(0, 60_000), default=calls.batch_window_s * 1000,
-                        help="how long a session's reply waits for batch mates")
+                        help="how long the oldest reply waits for batch mates with the model free (none once every open "
+                             "session's reply waits)")
     models.add_argument("--max-inflight", type=integer(1, 100_000), default=calls.max_inflight,
                         help="most calls in flight at once to one model server (openai:, vllm: simulators)")
     models.add_argument("--prefix-cache-mb", type=number(0, 1_000_000), default=calls.prefix_cache_mb,

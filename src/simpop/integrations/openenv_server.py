@@ -31,7 +31,8 @@ seat only and never sees the simulator's turns except as the user's replies.
 - **Model calls** (:class:`ModelCalls`). Sessions whose simulators use a model step in worker threads. In-process
   models (``smollm2``, ``transformers:...``): the replies that concurrent sessions wait for are gathered into one
   batched backend call (``simpop serve``'s :class:`~simpop.serve.batching.MicroBatcher`: at most ``max_batch``
-  rows, the oldest waiting at most ``batch_window_s``); greedy replies equal the unbatched ones, and a seeded
+  rows; a batch starts once every open session's reply waits in it, else when the oldest has waited
+  ``batch_window_s`` with the model free); greedy replies equal the unbatched ones, and a seeded
   sampling reply is the one its session would get alone (each row draws with its own generator). The model keeps each dialogue's
   keys and values between its turns (its prefix cache, at most ``prefix_cache_mb``), so a session's next reply reads
   only the tokens new since its last one. Other in-process model work
@@ -147,12 +148,13 @@ class ModelCalls:
 
     Args:
         max_batch: Most rows in one batched in-process generation.
-        batch_window_s: How long the oldest waiting generation waits for batch mates.
+        batch_window_s: How long the oldest waiting generation waits for batch mates with the model free (none once
+            every open session waits: :attr:`sessions`).
         max_inflight: Most calls in flight at once to one model server (``base_url``).
         prefix_cache_mb: Memory an in-process model's prefix cache may take (MiB); 0 leaves the model's own setting.
     """
 
-    def __init__(self, max_batch: int = 32, batch_window_s: float = 0.02, max_inflight: int = 64,
+    def __init__(self, max_batch: int = 32, batch_window_s: float = 0.1, max_inflight: int = 64,
                  prefix_cache_mb: float = 512.0):
         if max_batch < 1 or max_inflight < 1 or batch_window_s < 0 or prefix_cache_mb < 0:
             raise ValueError(f"need max_batch >= 1, max_inflight >= 1, batch_window_s >= 0 and prefix_cache_mb >= 0, "
@@ -160,6 +162,7 @@ class ModelCalls:
         self.max_batch, self.batch_window_s, self.max_inflight = max_batch, batch_window_s, max_inflight
         self.prefix_cache_mb = prefix_cache_mb
         self.max_threads = 32  # sessions stepping at once (the server sets its --max-sessions)
+        self.sessions = 0  # open sessions (SimpopEnvironment): the most replies a batch can expect (count_session)
         self.lock = threading.Lock()
         self._local = threading.local()  # whether this thread holds the lock for a session's step
         self._loop: asyncio.AbstractEventLoop | None = None
@@ -176,6 +179,11 @@ class ModelCalls:
         if self.prefix_cache_mb and hasattr(backend, "prefixes"):  # an in-process model (TransformersBackend)
             backend.prefix_cache, backend.prefixes.max_bytes = True, int(self.prefix_cache_mb * 2**20)
         return SharedBackend(backend, self)
+
+    def count_session(self, change: int) -> None:
+        """A session opened (+1) or closed (-1)."""
+        with self._servers_lock:
+            self.sessions += change
 
     async def run(self, work: Callable[[], SimpopObservation]) -> SimpopObservation:
         """``work()`` (a session's reset or step) in a worker thread holding :attr:`lock`."""
@@ -224,7 +232,8 @@ class ModelCalls:
     async def _batched(self, backend: Any, method: str, inputs: list[Any], params: Any) -> list[Generation]:
         batcher = self._batchers.get(id(backend))
         if batcher is None:
-            batcher = self._batchers[id(backend)] = MicroBatcher(backend, self.max_batch, self.batch_window_s)
+            batcher = self._batchers[id(backend)] = MicroBatcher(backend, self.max_batch, self.batch_window_s,
+                                                                 expected=lambda: self.sessions)
         return await batcher.generate(method, inputs, params)
 
     def served(self, base_url: str, call: Callable[..., Any], *args: Any, **kwargs: Any) -> Any:
@@ -343,6 +352,7 @@ class SimpopEnvironment(Environment[SimpopAction, SimpopObservation, SimpopState
         self.steps = 0
         self.episode_return = 0.0
         self.ledger: TokenLedger | None = None
+        source.calls.count_session(1)
 
     def reset(self, seed: int | None = None, episode_id: str | None = None, scenario_id: str | None = None,
               member: str | None = None, **kwargs: Any) -> SimpopObservation:
@@ -424,6 +434,8 @@ class SimpopEnvironment(Environment[SimpopAction, SimpopObservation, SimpopState
 
     def close(self) -> None:
         """OpenEnv ends the session: later resets and steps are refused (``SessionClosed``)."""
+        if not self.closed:
+            self.source.calls.count_session(-1)
         self.closed = True
 
     def _check_open(self) -> None:

@@ -81,7 +81,7 @@ def _seat(env: EnvBase, prefix: tuple[str, ...], config: MarlConfig, *, gamma: f
     # ``done`` serves as ``terminated``: the turn cap ends a dialogue with reward 0 (the env calls it truncation,
     # gymnasium's time limit) and observations carry the turn count, so nothing lies past it to bootstrap. GAE
     # bootstrapping there paid the policy seat the critic's guess for stalling to the cap: in joint training it
-    # stopped asking for a donation and ended below a random persuader (docs/integrations.md).
+    # stopped asking for a donation and ended below a random persuader (docs/results/integrations.md).
     loss.set_keys(reward=(*prefix, "reward"), action=(*prefix, "action"), done=(*prefix, "done"),
                   terminated=(*prefix, "done"), value=(*prefix, "state_value"),
                   sample_log_prob=(*prefix, "sample_log_prob"), advantage=(*prefix, "advantage"),
@@ -146,7 +146,7 @@ def train_both_seats(config: MarlConfig | None = None, log: Callable[[str], Any]
     policy, user = dialogue.policy_seat, dialogue.user_seat
     env = _batched(lambda seed: make_marl_env(config, seed), config)
     # The policy seat samples from all its acts (off turn the env ignores them). Masking its off-turn steps to one
-    # action made its success fall even against a frozen user (docs/integrations.md); unmasked, it learns.
+    # action made its success fall even against a frozen user (docs/results/integrations.md); unmasked, it learns.
     seats = {policy: _seat(env, (policy,), config, gamma=config.gamma, entropy=config.ent_coef, normalize=True,
                            masked=False),
              user: _seat(env, (user,), config, gamma=0.0, entropy=config.user_entropy, normalize=False, masked=True)}

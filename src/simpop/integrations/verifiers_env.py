@@ -19,7 +19,7 @@ verifiers (``pip install 'simpop[verifiers]'``; it pins ``mcp==2.0.0`` where ``o
 
 The plugin id is ``simpop-verifiers`` (verifiers imports tasksets, envs and harnesses by top-level module name;
 ``simpop_verifiers`` re-exports this module). ``evaluate`` runs episodes in-process; ``python -m
-simpop.integrations.verifiers_env`` does it from the command line (``docs/integrations.md``).
+simpop.integrations.verifiers_env`` does it from the command line (``docs/integrations/verifiers.md``).
 """
 
 from __future__ import annotations

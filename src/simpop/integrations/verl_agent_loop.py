@@ -13,7 +13,7 @@ text env per row:
 
 Rows come from :func:`dataset_rows` (``extra_info["simpop"]``: env, scenario, seed, simulator spec); write them to
 parquet and point ``data.train_files`` at it, with ``actor_rollout_ref.rollout.agent.agent_loop_config_path`` naming
-this class (``docs/integrations.md``). verl 0.9.1 pins ``transformers<5.11``; ``make setup`` installs it with
+this class (``docs/integrations/verl.md``). verl 0.9.1 pins ``transformers<5.11``; ``make setup`` installs it with
 ``--no-deps`` (its agent-loop module imports and runs with simpop's transformers); its GPU stack is not installed
 here: ``benchmarks/gpu_check.sh`` runs the end-to-end check on a GPU machine.
 """

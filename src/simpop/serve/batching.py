@@ -1,10 +1,13 @@
 """Micro-batching for ``simpop serve`` and the OpenEnv server: concurrent requests with the same settings become one
 backend call.
 
-The oldest pending job leads the next batch, so none waits behind later arrivals. Greedy jobs batch whatever their
-seed. Seeded sampling jobs batch where the backend draws each row with a generator of its own (``row_seeds``, as
-:class:`~simpop.agents.transformers_backend.TransformersBackend` does), so each gives what it would alone; with other
-backends (one generator for a batch) each runs as a batch of its own.
+The oldest pending job leads the next batch, so none waits behind later arrivals. It waits for batch mates at most
+``window_s`` with the model free (a job that came while a batch ran waits that long after it ended, so the callers
+that batch answered can join again instead of splitting into batches that alternate), and not at all once every
+caller the batcher can expect (``expected``: e.g. a server's open sessions) waits, or the batch is full. Greedy jobs
+batch whatever their seed. Seeded sampling jobs batch where the backend draws each row with a generator of its own
+(``row_seeds``, as :class:`~simpop.agents.transformers_backend.TransformersBackend` does), so each gives what it would
+alone; with other backends (one generator for a batch) each runs as a batch of its own.
 
 A job whose request is cancelled (its client disconnected, or the server is shutting down) leaves the queue;
 when every job of the running batch is gone, the backend's ``stop_event`` (if it has one, as
@@ -19,6 +22,7 @@ import collections
 import dataclasses
 import logging
 import threading
+from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from typing import Any
@@ -49,15 +53,18 @@ class MicroBatcher:
     Args:
         backend: The backend to call.
         max_batch: Most rows (chats or prompts) per backend call; a single larger job still runs whole.
-        window_s: How long the oldest pending job waits for batch mates.
+        window_s: How long the oldest pending job waits for batch mates with the model free.
+        expected: The most jobs that can be waiting at once (e.g. open sessions, one reply each), read each time:
+            a batch with that many jobs starts at once. None: only a full batch starts before the window ends.
     """
 
-    def __init__(self, backend: Backend, max_batch: int = 32, window_s: float = 0.01) -> None:
+    def __init__(self, backend: Backend, max_batch: int = 32, window_s: float = 0.01,
+                 expected: Callable[[], int] | None = None) -> None:
         if max_batch < 1:
             raise ValueError(f"max_batch must be >= 1, got {max_batch}")
         if window_s < 0:
             raise ValueError(f"the batching window must be >= 0 seconds, got {window_s}")
-        self.backend, self.max_batch, self.window_s = backend, max_batch, window_s
+        self.backend, self.max_batch, self.window_s, self.expected = backend, max_batch, window_s, expected
         #: Whether the backend draws each row of a sampling call with its own generator (takes ``row_seeds``).
         self.rows_apart = bool(getattr(backend, "samples_rows_apart", False))
         self.batches = 0  # backend calls made
@@ -68,6 +75,7 @@ class MicroBatcher:
         self._running: list[_Job] = []
         self._wake: asyncio.Event | None = None
         self._worker: asyncio.Task | None = None
+        self._free_since = 0.0  # loop time the last batch ended
 
     async def generate(self, method: str, inputs: list[Any], params: SamplingParams) -> list[Generation]:
         """``backend.<method>(inputs, params)`` as part of a batch; raises what the backend raised for this job."""
@@ -78,7 +86,7 @@ class MicroBatcher:
         alone = params.seed is not None and not params.greedy and not self.rows_apart
         job = _Job(method, inputs, params, loop.time(), loop.create_future(), alone)
         self._pending.append(job)
-        if len(self._pending) == 1 or self._rows(self._pending[0].key) >= self.max_batch:
+        if len(self._pending) == 1 or self._ready(self._pending[0].key):
             self._wake.set()  # type: ignore[union-attr]
         try:
             return await job.future
@@ -112,8 +120,8 @@ class MicroBatcher:
                 self._wake.clear()
                 await self._wake.wait()
             first = self._pending[0]
-            deadline = first.arrived + (0.0 if first.alone else self.window_s)
-            while self._rows(first.key) < self.max_batch and loop.time() < deadline:
+            deadline = max(first.arrived, self._free_since) + (0.0 if first.alone else self.window_s)
+            while not self._ready(first.key) and loop.time() < deadline:
                 self._wake.clear()
                 try:
                     async with asyncio.timeout_at(deadline):
@@ -129,8 +137,11 @@ class MicroBatcher:
                     self._pending.remove(job)
             await self._run(batch)
 
-    def _rows(self, key: object) -> int:
-        return sum(len(job.inputs) for job in self._pending if job.key == key)
+    def _ready(self, key: object) -> bool:
+        """Whether the batch led by ``key`` starts now: full, or every job that can come is here."""
+        jobs = [job for job in self._pending if job.key == key]
+        return (sum(len(job.inputs) for job in jobs) >= self.max_batch
+                or (self.expected is not None and len(jobs) >= self.expected()))
 
     async def _run(self, batch: list[_Job]) -> None:
         self.batches += 1
@@ -154,6 +165,7 @@ class MicroBatcher:
                 start += len(job.inputs)
         finally:
             self._running = []
+            self._free_since = asyncio.get_running_loop().time()
 
     def _call(self, batch: list[_Job]) -> list[Generation]:
         with self.model_lock:

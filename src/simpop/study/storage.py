@@ -19,14 +19,13 @@ from __future__ import annotations
 import hashlib
 import hmac
 import json
-import os
 import secrets
 from pathlib import Path
 from typing import Any
 
 from simpop.evaluation.eval_records import EPISODES, append_records, read_records
 from simpop.evaluation.panel import EpisodeRecord
-from simpop.files import write_atomically
+from simpop.files import append_durably, write_atomically
 
 SETTINGS = "study.json"
 LEDGER = "participants.jsonl"
@@ -86,10 +85,7 @@ def save_chat(out: str | Path, record: EpisodeRecord) -> None:
 # ----------------------------------------------------------------- the ledger, the salt, the counts
 def append_event(out: str | Path, event: dict[str, Any]) -> None:
     """Append one ledger event in one write, flushed and fsynced."""
-    with open(Path(out) / LEDGER, "a", encoding="utf-8") as f:
-        f.write(json.dumps(event, sort_keys=True, ensure_ascii=False) + "\n")
-        f.flush()
-        os.fsync(f.fileno())
+    append_durably(Path(out) / LEDGER, json.dumps(event, sort_keys=True, ensure_ascii=False) + "\n")
 
 
 def read_ledger(out: str | Path) -> list[dict[str, Any]]:
@@ -112,11 +108,7 @@ def salt(out: str | Path) -> bytes:
     """The study's secret, made (32 random bytes, hex, mode 600) on first use."""
     path = Path(out) / SALT
     if not path.exists():
-        fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
-        with os.fdopen(fd, "w") as f:
-            f.write(secrets.token_hex(32) + "\n")
-            f.flush()
-            os.fsync(f.fileno())
+        write_atomically(path, secrets.token_hex(32) + "\n")  # a temporary file is mode 600
     return bytes.fromhex(path.read_text().strip())
 
 

@@ -37,7 +37,8 @@ from pathlib import Path
 from typing import Any, Protocol, runtime_checkable
 
 from simpop import checkpoint
-from simpop.validation import check_fields
+from simpop.files import write_atomically
+from simpop.validation import at_least_one, check_fields
 
 
 @runtime_checkable
@@ -109,9 +110,7 @@ class LoopConfig:
         except ValueError as error:
             raise ValueError(f"LoopConfig: {error}") from None
 
-        for key in ("save_every", "keep_checkpoints", "eval_every", "probe_every", "probe_episodes"):
-            if getattr(self, key) < 1:
-                raise ValueError(f"LoopConfig: {key} must be >= 1, got {getattr(self, key)}")
+        at_least_one(self, ("save_every", "keep_checkpoints", "eval_every", "probe_every", "probe_episodes"))
         if self.on_collapse not in ON_COLLAPSE:
             raise ValueError(f"LoopConfig: on_collapse must be one of {', '.join(ON_COLLAPSE)}, got "
                              f"{self.on_collapse!r}")
@@ -143,9 +142,7 @@ def write_run_card(run_dir: str | Path, info: dict[str, Any], model: Any, grpo: 
     for name, text in (("config.yaml", yaml.safe_dump({"model": to_dict(model), "grpo": to_dict(grpo)},
                                                       sort_keys=False)),
                        ("run.json", json.dumps(info, indent=2) + "\n")):
-        tmp = run_dir / f".{name}.tmp"
-        tmp.write_text(text)
-        tmp.replace(run_dir / name)
+        write_atomically(run_dir / name, text)
 
 
 def read_run_card(run_dir: str | Path) -> dict[str, Any]:

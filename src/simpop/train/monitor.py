@@ -65,7 +65,7 @@ from typing import Any
 
 import numpy as np
 
-from simpop.validation import check_fields
+from simpop.validation import at_least_one, check_fields
 
 log = logging.getLogger(__name__)
 
@@ -113,9 +113,7 @@ class MonitorRule:
             raise ValueError(f"MonitorRule: require names unknown indicators {unknown}; choose from {INDICATORS}")
         if not 1 <= self.min_indicators <= len(INDICATORS):
             raise ValueError(f"min_indicators must be in 1..{len(INDICATORS)}, got {self.min_indicators}")
-        for key in ("patience", "persistence", "window"):
-            if getattr(self, key) < 1:
-                raise ValueError(f"MonitorRule: {key} must be >= 1, got {getattr(self, key)}")
+        at_least_one(self, ("patience", "persistence", "window"))
 
 
 @dataclass

@@ -20,7 +20,7 @@ from typing import Any
 import numpy as np
 
 from simpop.simulators.population import Panel, Population
-from simpop.validation import check_fields
+from simpop.validation import at_least_one, check_fields
 
 
 @dataclass(frozen=True)
@@ -45,9 +45,7 @@ class PoolConfig:
 
     def __post_init__(self) -> None:
         check_fields(self)
-        for key in ("cap", "grow_count", "probe_episodes", "min_dialogues"):
-            if getattr(self, key) < 1:
-                raise ValueError(f"PoolConfig: {key} must be >= 1, got {getattr(self, key)}")
+        at_least_one(self, ("cap", "grow_count", "probe_episodes", "min_dialogues"))
         if not 0 < self.weight_floor <= 1 or not 0 <= self.min_informative < 1:
             raise ValueError("PoolConfig: weight_floor must be in (0, 1] and min_informative in [0, 1)")
 

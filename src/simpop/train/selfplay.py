@@ -48,6 +48,7 @@ from simpop.simulators.population import CheckpointPool
 from simpop.simulators.self_seat import HeadSeat, PolicySeat
 from simpop.train import objectives
 from simpop.train.grpo import Batch, GRPOConfig, GRPOTrainer
+from simpop.validation import at_least_one
 
 #: The user-seat kinds of self-play (module docstring).
 SELF_KINDS = ("self", "self@pool")
@@ -81,9 +82,7 @@ class SelfPlayConfig:
     def __post_init__(self) -> None:
         if self.user_reward not in ("env", "opposed"):
             raise ValueError(f"SelfPlayConfig: user_reward must be env or opposed, got {self.user_reward!r}")
-        for key in ("pool_size", "snapshot_every"):
-            if getattr(self, key) < 1:
-                raise ValueError(f"SelfPlayConfig: {key} must be >= 1, got {getattr(self, key)}")
+        at_least_one(self, ("pool_size", "snapshot_every"))
         if not 0 < self.pool_recency <= 1:
             raise ValueError(f"SelfPlayConfig: pool_recency must be in (0, 1], got {self.pool_recency}")
 

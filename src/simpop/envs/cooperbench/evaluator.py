@@ -62,6 +62,7 @@ from simpop.envs.cooperbench import sandbox
 from simpop.envs.cooperbench.patches import (PYTEST_CONFIG_FILES, path_problem, pytest_config, strip_test_files,
                                              touched_paths, unsafe_paths)
 from simpop.envs.cooperbench.scenario import Task
+from simpop.files import atomic_folder
 
 CONFLICT_RULES = ("lead", "union")
 #: The module name of :mod:`simpop.envs.cooperbench.pytest_guard` inside a test run.
@@ -548,15 +549,13 @@ class _Workspace:
         tools = self.root / "tools"
         with _TOOLS_LOCK:
             if not tools.exists():
-                staging = self.root / f"tools-{next(self._counter)}"
-                staging.mkdir()
-                for name in ("python", "python3"):
-                    (staging / name).symlink_to(python)
-                for name, body in (("pip", _SHIMS["pip"]), ("pip3", _SHIMS["pip"]), ("uv", _SHIMS["uv"])):
-                    (staging / name).write_text("#!/bin/bash\n" + body)
-                    (staging / name).chmod(0o755)
-                shutil.copyfile(Path(__file__).with_name("pytest_guard.py"), staging / f"{GUARD_MODULE}.py")
-                staging.rename(tools)
+                with atomic_folder(tools) as staging:
+                    for name in ("python", "python3"):
+                        (staging / name).symlink_to(python)
+                    for name, body in (("pip", _SHIMS["pip"]), ("pip3", _SHIMS["pip"]), ("uv", _SHIMS["uv"])):
+                        (staging / name).write_text("#!/bin/bash\n" + body)
+                        (staging / name).chmod(0o755)
+                    shutil.copyfile(Path(__file__).with_name("pytest_guard.py"), staging / f"{GUARD_MODULE}.py")
         return tools
 
     def socket_guard(self) -> Path:
