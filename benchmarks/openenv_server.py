@@ -1,7 +1,9 @@
 """The OpenEnv server at training scale, side by side in one run (``simpop openenv serve`` in child processes on
 loopback, driven by OpenEnv's own client, :class:`~simpop.integrations.openenv_client.SimpopEnvClient`, one
-WebSocket session per concurrent episode stream). Steps/s count policy steps (resets excluded) over a fixed wall
-time. Four parts (``--parts``):
+WebSocket session per concurrent episode stream). Steps/s count policy steps (resets excluded): at the act level over
+a fixed wall time; with a text user each session plays a fixed number of seeded episodes (``--episodes``,
+``--served-episodes``), so both servers of a comparison do the same work, and steps/s is steps over the time to the
+last reply. Four parts (``--parts``):
 
 - ``overhead``: act level (``simpop/PersuasionAct-v0``, native persuadee, a fixed cycle of acts): seconds per step
   over the network with one session minus in process (:class:`~simpop.envs.wrappers.UserSeat` stepped directly;
@@ -87,10 +89,10 @@ class Run:
 
 
 async def over_network(url: str, sessions: int, seconds: float, act: bool = True, think_s: float = 0.0,
-                       wait: bool = True) -> Run:
-    """``sessions`` concurrent streams of episodes for ``seconds``; with ``think_s``, each waits about that long
-    before each step (a random phase first). ``wait``: each finishes the step under way (else they are dropped at
-    the deadline, and only steps answered by then count)."""
+                       wait: bool = True, episodes: int | None = None, first_seed: int = 0) -> Run:
+    """``sessions`` concurrent streams of episodes for ``seconds`` (or exactly ``episodes`` each, however long they
+    take); with ``think_s``, each waits about that long before each step (a random phase first). ``wait``: each
+    finishes the step under way (else they are dropped at the deadline, and only steps answered by then count)."""
     from simpop.integrations.openenv_client import SimpopEnvClient
 
     run, start = Run(), time.perf_counter()
@@ -102,10 +104,11 @@ async def over_network(url: str, sessions: int, seconds: float, act: bool = True
                 await asyncio.sleep(random.uniform(0, think_s))
             async with SimpopEnvClient(base_url=url, message_timeout_s=600.0) as env:
                 episode = 0
-                while episode == 0 or time.perf_counter() < deadline:  # seconds=0: one reset and step
-                    result = await env.reset(seed=i * 100_000 + episode)
+                # seconds=0 (and no episodes): one reset and step
+                while episode < episodes if episodes else episode == 0 or time.perf_counter() < deadline:
+                    result = await env.reset(seed=first_seed + i * 100_000 + episode)
                     k = 0
-                    while not result.done and (k == 0 or time.perf_counter() < deadline):
+                    while not result.done and (episodes or k == 0 or time.perf_counter() < deadline):
                         if think_s:
                             await asyncio.sleep(think_s * random.uniform(0.5, 1.5))
                         t0 = time.perf_counter()
@@ -144,22 +147,21 @@ def start_server(env: str, simulator: str, *flags: str, threads: int | None = No
     raise RuntimeError(f"the server did not start: {process.wait()}")
 
 
-def measure(env: str, simulator: str, flags: list[str], sessions: list[int], seconds: float,
+def measure(env: str, simulator: str, flags: list[str], sessions: list[int], episodes: int,
             label: str, threads: int | None = None) -> dict[int, Run]:
-    """Steps/s with each number of sessions on one server, after a warm-up step (a model's first call is slow);
-    steps answered after ``seconds`` do not count, and a probe step after each measurement waits out the work its
-    dropped sessions left queued (the oldest work runs first). The server's CPU seconds in the measurement give
-    steps per CPU-second, which a machine shared with other work slows less than steps/s."""
+    """Steps/s with each number of sessions on one server, after a warm-up step (a model's first call is slow): each
+    session plays ``episodes`` episodes, seeded by its index and the episode's, so another server given the same
+    arguments answers the same dialogues. The server's CPU seconds in the measurement give steps per CPU-second,
+    which a machine shared with other work slows less than steps/s."""
     runs = {}
     process, url = start_server(env, simulator, "--max-sessions", str(max(sessions) + 1), *flags, threads=threads)
     try:
-        asyncio.run(over_network(url, 1, 0.0, act=False))  # one reset and step
+        asyncio.run(over_network(url, 1, 0.0, act=False, first_seed=10**8))  # one reset and step, none measured
         for n in sessions:
             cpu = cpu_seconds(process.pid)
-            runs[n] = asyncio.run(over_network(url, n, seconds, act=False, wait=False))
+            runs[n] = asyncio.run(over_network(url, n, 0.0, act=False, episodes=episodes))
             runs[n].cpu = cpu_seconds(process.pid) - cpu
-            asyncio.run(over_network(url, 1, 0.0, act=False))
-            print(f"    {label}, {n} sessions: {runs[n].rate:.2f} steps/s ({runs[n].steps} steps, "
+            print(f"    {label}, {n} sessions: {runs[n].rate:.2f} steps/s ({runs[n].steps} steps in {runs[n].elapsed:.0f} s, "
                   f"{runs[n].steps / max(runs[n].cpu, 0.01):.2f} per server CPU-second)", flush=True)
     finally:
         stop(process)
@@ -214,12 +216,16 @@ def main() -> None:
     parser.add_argument("--parts", nargs="+", choices=["overhead", "text", "served", "scale"],
                         default=["overhead", "text", "served", "scale"])
     parser.add_argument("--seconds", type=float, default=3.0, help="wall time of each act-level measurement")
-    parser.add_argument("--text-seconds", type=float, default=20.0, help="wall time of each text measurement")
+    parser.add_argument("--episodes", type=int, default=2, help="episodes each session plays in the text part "
+                        "(3 steps each)")
+    parser.add_argument("--served-episodes", type=int, default=6, help="episodes each session plays in the served "
+                        "part (its steps are short: fewer leave the connections' start-up a large share)")
     parser.add_argument("--sessions", type=int, nargs="+", default=[1, 8, 32])
     parser.add_argument("--torch-threads", type=int, help="OMP_NUM_THREADS of the text servers (default: torch's)")
     parser.add_argument("--scale-sessions", type=int, default=1024)
     parser.add_argument("--think", type=float, default=4.0, help="seconds a scale session waits before each step")
-    parser.add_argument("--scale-seconds", type=float, default=30.0)
+    parser.add_argument("--scale-seconds", type=float, default=150.0, help="wall time of the 1,024 sessions (long "
+                        "enough for each to finish an episode)")
     args = parser.parse_args()
     signal.signal(signal.SIGTERM, lambda *_: sys.exit(1))  # a terminated run stops its servers (their finally)
     print(f"{os.cpu_count()} CPUs, load average {os.getloadavg()[0]:.1f} at the start (a shared CPU inflates the "
@@ -247,15 +253,17 @@ def main() -> None:
                               "steps_per_s": {str(n): r.rate for n, r in rows.items()}}
     if "text" in args.parts:
         report["text"] = side_by_side(
-            f"text level ({TEXT_ENV}, 3 turns, {SMOLLM2_USER} in process, {args.text_seconds:g} s each):",
+            f"text level ({TEXT_ENV}, 3 turns, {SMOLLM2_USER} in process, {args.episodes} episodes per session):",
             {name: measure(TEXT_ENV, SMOLLM2_USER, ["--env-arg", "max_turns=3", *flags], args.sessions,
-                           args.text_seconds, name, args.torch_threads)
+                           args.episodes, name, args.torch_threads)
              for name, flags in (("batched", []), ("one at a time", ["--max-batch", "1", "--prefix-cache-mb", "0"]))})
     if "served" in args.parts:
         user = f"frozen:openai:{fake_openai_server(0.2)}#fake?max_new_tokens=24"
         report["served"] = side_by_side(
-            f"served user (a loopback OpenAI-compatible server, 200 ms per request; {args.seconds:g} s each):",
-            {name: measure(TEXT_ENV, user, ["--env-arg", "max_turns=3", *flags], args.sessions, args.seconds, name)
+            f"served user (a loopback OpenAI-compatible server, 200 ms per request; {args.served_episodes} episodes "
+            f"per session):",
+            {name: measure(TEXT_ENV, user, ["--env-arg", "max_turns=3", *flags], args.sessions, args.served_episodes,
+                           name)
              for name, flags in (("concurrent", []), ("one at a time", ["--max-inflight", "1"]))})
     if "scale" in args.parts:
         n, report["scale"] = args.scale_sessions, {}

@@ -4,7 +4,8 @@
 file is fsynced and renamed over the target (``os.replace`` is atomic on one filesystem) and the folder is
 fsynced, so the rename itself survives a crash; on an error the temporary file is removed and the target stays
 as it was. :func:`write_atomically` writes bytes or text that way; :func:`append_durably` appends text in one
-fsynced write (a log a kill may cut only at its end). :func:`atomic_folder` does for a folder what
+fsynced write (a log a kill may cut only at its end); :func:`write_json` writes strict JSON (no NaN) that way.
+:func:`atomic_folder` does for a folder what
 :func:`atomic_path` does for a file: filled under a temporary name beside the target, renamed into place when
 complete.
 
@@ -17,12 +18,15 @@ file there, and a second one is refused at once.
 from __future__ import annotations
 
 import contextlib
+import json
+import math
 import os
 import shutil
 import tempfile
 from collections.abc import Iterator
 from pathlib import Path
 
+import numpy as np
 from filelock import FileLock, Timeout
 
 #: The lock file of :func:`run_lock` (left in the folder: removing it on release would race a new holder).
@@ -51,6 +55,24 @@ def write_atomically(path: str | Path, data: bytes | str) -> None:
     """Write ``data`` (text as UTF-8) to ``path`` through :func:`atomic_path`."""
     with atomic_path(path) as tmp:
         tmp.write_bytes(data.encode("utf-8") if isinstance(data, str) else data)
+
+
+def write_json(path: str | Path, value: object, indent: int = 2) -> None:
+    """Write ``value`` to ``path`` as strict JSON through :func:`write_atomically`: NaN and infinities as null,
+    numpy scalars and arrays as numbers and lists (what other JSON readers than Python's accept)."""
+    write_atomically(path, json.dumps(_strict(value), indent=indent, ensure_ascii=False, allow_nan=False) + "\n")
+
+
+def _strict(value: object) -> object:
+    if isinstance(value, (np.generic, np.ndarray)):
+        value = value.tolist()
+    if isinstance(value, float) and not math.isfinite(value):
+        return None
+    if isinstance(value, dict):
+        return {key: _strict(item) for key, item in value.items()}
+    if isinstance(value, (list, tuple)):
+        return [_strict(item) for item in value]
+    return value
 
 
 def append_durably(path: str | Path, text: str) -> None:

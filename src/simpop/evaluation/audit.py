@@ -31,7 +31,6 @@ from __future__ import annotations
 
 import argparse
 import contextlib
-import json
 import math
 import sys
 import time
@@ -45,6 +44,7 @@ import numpy as np
 
 from simpop.evaluation import realism
 from simpop.evaluation.diversity import Embedder, distinct_n, label_entropy, load_embedder, semantic_diversity
+from simpop.files import write_json
 from simpop.user_input import SEED, THREADS, integer
 
 DEFAULT_SIMULATORS = ("frozen:smollm2", "verbalized:smollm2?k=5", "frozen:smollm2?temperature=1.0")
@@ -268,20 +268,9 @@ def write(summary: dict[str, Any], out: str | Path) -> Path:
     """Write ``summary.json`` and ``report.md`` into ``out`` (created if needed)."""
     out = Path(out)
     out.mkdir(parents=True, exist_ok=True)
-    (out / "summary.json").write_text(json.dumps(_json_safe(summary), indent=2, ensure_ascii=False))
+    write_json(out / "summary.json", summary)
     (out / "report.md").write_text(render_report(summary))
     return out
-
-
-def _json_safe(value: Any) -> Any:
-    """NaN -> None, so that summary.json is strict JSON."""
-    if isinstance(value, float) and math.isnan(value):
-        return None
-    if isinstance(value, dict):
-        return {k: _json_safe(v) for k, v in value.items()}
-    if isinstance(value, list):
-        return [_json_safe(v) for v in value]
-    return value
 
 
 def configure(parser: argparse.ArgumentParser) -> None:

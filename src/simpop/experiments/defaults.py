@@ -20,7 +20,6 @@ from __future__ import annotations
 
 import argparse
 import json
-import math
 import shutil
 import time
 from collections.abc import Iterable, Sequence
@@ -201,7 +200,7 @@ def table(summary: dict[str, Any]) -> str:
 
 def write_summary(out: Path, config: DefaultsConfig, grids: dict[str, tuple[Cell, ...]]) -> dict[str, Any]:
     """``summary.json`` and ``table.md`` from the finished runs in ``out``."""
-    from simpop.files import write_atomically
+    from simpop.files import write_atomically, write_json
 
     def results(folder: Path) -> list[dict[str, Any]]:
         return [json.loads((folder / f"seed-{s}" / "result.json").read_text()) for s in config.seeds
@@ -218,7 +217,7 @@ def write_summary(out: Path, config: DefaultsConfig, grids: dict[str, tuple[Cell
     if config.variants and winner is not None:
         summary["variants"] = {algorithm: summarise_cell(winner, results(out / "grpo-variants" / algorithm),
                                                          len(config.seeds)) for algorithm in VARIANTS}
-    write_atomically(out / "summary.json", json.dumps(summary, indent=1, default=_json_default) + "\n")
+    write_json(out / "summary.json", summary, indent=1)
     write_atomically(out / "table.md", table(summary))
     return summary
 
@@ -227,12 +226,6 @@ def variant_base(summary: dict[str, Any], grids: dict[str, tuple[Cell, ...]]) ->
     """The GRPO cell the variants run at: the GRPO pick (None: none yet)."""
     picked = summary["grids"].get("grpo", {}).get("picked")
     return next((c for c in grids["grpo"] if c.name == picked), None)
-
-
-def _json_default(value: Any) -> Any:
-    if isinstance(value, float) and not math.isfinite(value):
-        return None
-    raise TypeError(f"not JSON serialisable: {type(value).__name__}")
 
 
 def run_defaults(config: DefaultsConfig, out: str | Path, grids: dict[str, tuple[Cell, ...]] | None = None,
