@@ -212,13 +212,15 @@ def side_by_side(title: str, rows: dict[str, dict[int, Run]]) -> dict[str, dict[
 
 
 def main() -> None:
+    from simpop.user_input import integer
+
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--parts", nargs="+", choices=["overhead", "text", "served", "scale"],
                         default=["overhead", "text", "served", "scale"])
     parser.add_argument("--seconds", type=float, default=3.0, help="wall time of each act-level measurement")
-    parser.add_argument("--episodes", type=int, default=2, help="episodes each session plays in the text part "
+    parser.add_argument("--episodes", type=integer(1), default=2, help="episodes each session plays in the text part "
                         "(3 steps each)")
-    parser.add_argument("--served-episodes", type=int, default=6, help="episodes each session plays in the served "
+    parser.add_argument("--served-episodes", type=integer(1), default=6, help="episodes each session plays in the served "
                         "part (its steps are short: fewer leave the connections' start-up a large share)")
     parser.add_argument("--sessions", type=int, nargs="+", default=[1, 8, 32])
     parser.add_argument("--torch-threads", type=int, help="OMP_NUM_THREADS of the text servers (default: torch's)")

@@ -3,11 +3,10 @@
 :func:`atomic_path` yields a temporary path in the target's folder; when the block ends without an error the
 file is fsynced and renamed over the target (``os.replace`` is atomic on one filesystem) and the folder is
 fsynced, so the rename itself survives a crash; on an error the temporary file is removed and the target stays
-as it was. :func:`write_atomically` writes bytes or text that way; :func:`append_durably` appends text in one
-fsynced write (a log a kill may cut only at its end); :func:`write_json` writes strict JSON (no NaN) that way.
-:func:`atomic_folder` does for a folder what
-:func:`atomic_path` does for a file: filled under a temporary name beside the target, renamed into place when
-complete.
+as it was. :func:`write_atomically` writes bytes or text that way, :func:`write_json` strict JSON (no NaN);
+:func:`append_durably` appends text in one fsynced write (a log a kill may cut only at its end). :func:`atomic_folder`
+does for a folder what :func:`atomic_path` does for a file: filled under a temporary name beside the target, renamed
+into place when complete.
 
 :func:`run_lock` gives a folder one writer: every command that writes a run folder (``simpop train``,
 ``experiment``, ``eval``, ``audit --out``, ``openenv serve --cotrain-dir``) holds its lock (``filelock``, an

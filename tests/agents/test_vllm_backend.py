@@ -12,7 +12,7 @@ import numpy as np
 import pytest
 
 from simpop.agents.base import SamplingParams
-from simpop.agents.openai_backend import RemoteBackendError
+from simpop.agents.openai_backend import BackendUnavailable, RemoteBackendError
 from simpop.agents.policy import ModelConfig
 from simpop.agents.vllm_backend import (VLLMBackend, VLLMGenerator, adapter_version_name, build_generator,
                                         lora_rank_limit, parse_generator)
@@ -129,6 +129,21 @@ def test_chat_template_from_the_server_and_prefix_cache_counters(fake):
     tokenize = [b for p, b in fake.requests if p == "/tokenize"][0]
     assert tokenize["add_generation_prompt"] is True and tokenize["model"] == "smollm2"
     assert backend.prefix_cache_counters() == {"queries": 120.0, "hits": 96.0, "prompt_tokens": 0.0}
+
+
+def test_server_administration_answers_and_errors(fake, tmp_path):
+    backend = VLLMBackend(f"{fake.url}/v1", "smollm2")
+    assert backend.served_models()[0]["id"] == "smollm2"  # GET, JSON
+    for name in ("adapter_config.json", "adapter_model.safetensors"):
+        (tmp_path / name).write_text("{}")
+    backend.load_adapter("a", tmp_path)  # POST, a plain-text answer
+    with pytest.raises(RemoteBackendError, match=r"/v1/load_lora_adapter failed \(HTTP 400\): .*already been loaded"):
+        backend.load_adapter("a", tmp_path)
+    assert fake.paths() == ["/v1/models", "/v1/load_lora_adapter", "/v1/load_lora_adapter"]
+    nobody = VLLMBackend("http://127.0.0.1:1/v1", "smollm2", timeout_s=5)  # nothing listens on port 1
+    for call in (nobody.served_models, nobody.reset_prefix_cache):
+        with pytest.raises(BackendUnavailable, match=r"http://127.0.0.1:1/\S+ failed: ConnectError"):
+            call()
 
 
 def _peft_model():

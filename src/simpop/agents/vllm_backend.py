@@ -152,30 +152,20 @@ class VLLMBackend:
         """POST ``body`` to ``{root}{path}``; the JSON answer (None if empty). Errors raise
         :class:`~simpop.agents.openai_backend.RemoteBackendError` with the server's message
         (:class:`~simpop.agents.openai_backend.BackendUnavailable` when the server cannot be reached)."""
-        import httpx
-
-        headers = {"Authorization": f"Bearer {self.http.api_key}"} if self.http.api_key else {}
-        try:
-            response = httpx.post(f"{self.root}{path}", json=body or {}, headers=headers,
-                                  timeout=timeout_s or self.http.timeout_s)
-        except httpx.TransportError as error:
-            raise BackendUnavailable(f"{self.root}{path} failed: {type(error).__name__} {error}".strip()) from None
-        if response.status_code != 200:
-            raise RemoteBackendError(f"{self.root}{path} failed (HTTP {response.status_code}): "
-                                     f"{response.text[:500]}", response.status_code)
-        return _body(response)
+        return self._call("POST", path, body or {}, timeout_s)
 
     def get(self, path: str) -> Any:
-        """``GET`` a path of the server's root (e.g. ``/v1/models``) and return the decoded JSON.
+        """``GET`` a path of the server's root (e.g. ``/v1/models``) and return the decoded JSON (errors as
+        :meth:`post`'s)."""
+        return self._call("GET", path, None, None)
 
-        Raises:
-            RemoteBackendError: A status other than 200 (BackendUnavailable: the server cannot be reached).
-        """
+    def _call(self, method: str, path: str, body: dict[str, Any] | None, timeout_s: float | None) -> Any:
         import httpx
 
         headers = {"Authorization": f"Bearer {self.http.api_key}"} if self.http.api_key else {}
         try:
-            response = httpx.get(f"{self.root}{path}", headers=headers, timeout=self.http.timeout_s)
+            response = httpx.request(method, f"{self.root}{path}", json=body, headers=headers,
+                                     timeout=timeout_s or self.http.timeout_s)
         except httpx.TransportError as error:
             raise BackendUnavailable(f"{self.root}{path} failed: {type(error).__name__} {error}".strip()) from None
         if response.status_code != 200:
