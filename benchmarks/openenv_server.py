@@ -105,7 +105,7 @@ async def over_network(url: str, sessions: int, seconds: float, act: bool = True
             async with SimpopEnvClient(base_url=url, message_timeout_s=600.0) as env:
                 episode = 0
                 # seconds=0 (and no episodes): one reset and step
-                while episode < episodes if episodes else episode == 0 or time.perf_counter() < deadline:
+                while (episode < episodes) if episodes else (episode == 0 or time.perf_counter() < deadline):
                     result = await env.reset(seed=first_seed + i * 100_000 + episode)
                     k = 0
                     while not result.done and (episodes or k == 0 or time.perf_counter() < deadline):
